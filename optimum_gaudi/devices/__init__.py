@@ -1,0 +1,50 @@
+"""Device detection (HPU > CUDA > CPU) and the feature table each device explains.
+
+Everything device-specific lives behind :class:`Device`; the trainer asks the device object and never
+checks which kind it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from .base import FEATURES, Device
+from .cpu import CPUDevice
+from .cuda import CUDADevice
+from .hpu import HPUDevice, hpu_available
+
+logger = logging.getLogger(__name__)
+
+REQUIRE_HPU_ENV = "OPTIMUM_GAUDI_REQUIRE_HPU"
+
+__all__ = ["FEATURES", "CPUDevice", "CUDADevice", "Device", "HPUDevice", "NoGaudiError", "detect_device"]
+
+
+class NoGaudiError(RuntimeError):
+    """A Gaudi was required (OPTIMUM_GAUDI_REQUIRE_HPU=1) but none is usable here."""
+
+
+def _require_hpu() -> bool:
+    return os.environ.get(REQUIRE_HPU_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def detect_device(use_habana: bool = False, use_cpu: bool = False) -> Device:
+    """Pick the best device: HPU when the bridge imports and sees a Gaudi, else CUDA, else CPU.
+
+    Asking for Habana on a machine without a Gaudi falls back with one warning, so a script prototyped on
+    a laptop ships unchanged; OPTIMUM_GAUDI_REQUIRE_HPU=1 turns the fallback into an error for production.
+    """
+    if not use_cpu and hpu_available():
+        return HPUDevice()
+    device: Device = CUDADevice() if not use_cpu and torch.cuda.is_available() else CPUDevice()
+    if use_habana or _require_hpu():
+        if _require_hpu():
+            raise NoGaudiError(
+                f"{REQUIRE_HPU_ENV}=1 but no Gaudi is usable here (habana_frameworks missing or no HPU visible); "
+                f"run on a Gaudi machine or unset {REQUIRE_HPU_ENV} to fall back to {device.type}."
+            )
+        logger.warning("--use_habana was given but no Gaudi is available: running on %s instead.", device.type)
+    return device

@@ -1,0 +1,62 @@
+"""The one interface the trainer talks to; each device implements it with its nearest native equivalent."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+
+# Gaudi feature -> what it means, in a word, on the device. Each subclass fills the same keys.
+FEATURES = (
+    "use_habana",
+    "use_lazy_mode",
+    "pipelining_fwd_bwd",
+    "use_hpu_graphs_for_training",
+    "use_hpu_graphs_for_inference",
+    "use_fused_adam",
+    "use_fused_clip_norm",
+    "use_torch_autocast",
+    "distribution_strategy",
+    "torch_compile",
+)
+
+
+class Device:
+    """A training device as the trainer sees it: no caller ever asks which kind it is."""
+
+    type: ClassVar[str]
+    ddp_backend: ClassVar[str]
+    compile_backend: ClassVar[str] = "inductor"
+    behaviour: ClassVar[dict[str, str]]
+
+    def torch_device(self) -> torch.device:
+        return torch.device(self.type)
+
+    def count(self) -> int:
+        return 1
+
+    def mark_step(self) -> None:
+        """Flush the queued lazy graph; only a lazy-mode device has anything to do."""
+
+    def fused_adamw(self) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+        """The optimizer class (and extra kwargs) of the fastest AdamW on this device."""
+        return torch.optim.AdamW, {"fused": True}
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+        """Fused/foreach gradient clipping; returns the total norm before clipping, like torch's."""
+        return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, foreach=True)
+
+    def autocast(self, dtype: torch.dtype = torch.bfloat16) -> contextlib.AbstractContextManager:
+        return torch.autocast(device_type=self.type, dtype=dtype)
+
+    def memory_stats(self) -> dict[str, float]:
+        """Memory in GB: allocated now, peak allocated, and total available."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.type
+
+
+GB = 1024**3

@@ -1,0 +1,46 @@
+"""CPU: eager execution, torch's fused AdamW and foreach clipping, process memory from the OS."""
+
+from __future__ import annotations
+
+import os
+import resource
+
+from .base import GB, Device
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # not Linux: fall back to the peak, the best the OS offers
+        return _peak_rss_bytes()
+
+
+def _peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if os.uname().sysname == "Darwin" else peak * 1024
+
+
+class CPUDevice(Device):
+    type = "cpu"
+    ddp_backend = "gloo"
+    behaviour = {
+        "use_habana": "no Gaudi here: runs on CPU",
+        "use_lazy_mode": "eager execution (no lazy graphs on CPU)",
+        "pipelining_fwd_bwd": "no-op",
+        "use_hpu_graphs_for_training": "no-op on CPU",
+        "use_hpu_graphs_for_inference": "no-op on CPU",
+        "use_fused_adam": "torch.optim.AdamW(fused=True)",
+        "use_fused_clip_norm": "foreach clip_grad_norm_",
+        "use_torch_autocast": "torch.autocast('cpu', bfloat16)",
+        "distribution_strategy": "gloo process group",
+        "torch_compile": "inductor backend",
+    }
+
+    def memory_stats(self) -> dict[str, float]:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return {
+            "memory_allocated (GB)": round(_rss_bytes() / GB, 3),
+            "max_memory_allocated (GB)": round(_peak_rss_bytes() / GB, 3),
+            "total_memory_available (GB)": round(total / GB, 2),
+        }

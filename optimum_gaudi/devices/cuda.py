@@ -1,0 +1,35 @@
+"""NVIDIA GPU: eager execution, torch's fused AdamW, foreach clipping, torch.cuda memory API."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import GB, Device
+
+
+class CUDADevice(Device):
+    type = "cuda"
+    ddp_backend = "nccl"
+    behaviour = {
+        "use_habana": "no Gaudi here: runs on CUDA",
+        "use_lazy_mode": "eager execution (no lazy graphs on CUDA)",
+        "pipelining_fwd_bwd": "no-op",
+        "use_hpu_graphs_for_training": "CUDA graphs where shapes are static",
+        "use_hpu_graphs_for_inference": "CUDA graphs where shapes are static",
+        "use_fused_adam": "torch.optim.AdamW(fused=True)",
+        "use_fused_clip_norm": "foreach clip_grad_norm_",
+        "use_torch_autocast": "torch.autocast('cuda', bfloat16)",
+        "distribution_strategy": "nccl process group",
+        "torch_compile": "inductor backend",
+    }
+
+    def count(self) -> int:
+        return torch.cuda.device_count()
+
+    def memory_stats(self) -> dict[str, float]:
+        index = torch.cuda.current_device()
+        return {
+            "memory_allocated (GB)": round(torch.cuda.memory_allocated(index) / GB, 3),
+            "max_memory_allocated (GB)": round(torch.cuda.max_memory_allocated(index) / GB, 3),
+            "total_memory_available (GB)": round(torch.cuda.get_device_properties(index).total_memory / GB, 2),
+        }

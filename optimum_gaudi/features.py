@@ -1,0 +1,31 @@
+"""The table, logged once per run and printed by `optimum-gaudi env`, of which Gaudi features are on and
+what each one does on the device at hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .devices import FEATURES, Device
+
+
+def feature_states(args: Any, gaudi_config: Any) -> dict[str, Any]:
+    """Each feature's setting, read from the training arguments or the Gaudi config (None: not known)."""
+    states = {}
+    for name in FEATURES:
+        source = gaudi_config if name.startswith(("use_fused", "use_torch_autocast")) else args
+        states[name] = getattr(source, name, None) if source is not None else None
+    return states
+
+
+def feature_table(device: Device, args: Any = None, gaudi_config: Any = None) -> str:
+    """A fixed-width table: feature | setting | what it does on `device`."""
+    states = feature_states(args, gaudi_config)
+    rows = [("feature", "setting", f"on {device.type}")]
+    for name in FEATURES:
+        state = states[name]
+        setting = "-" if state is None else ("on" if state is True else "off" if state is False else str(state))
+        rows.append((name, setting, device.behaviour[name]))
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    lines = [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c}" for a, b, c in rows]
+    lines.insert(1, "-" * max(len(line) for line in lines))
+    return "\n".join(lines)

@@ -1,0 +1,134 @@
+"""GaudiTrainer: transformers.Trainer with Gaudi features, through the narrowest hooks Trainer offers.
+
+It never asks which device it runs on: the device object from the arguments does the device-specific
+part. With every Gaudi feature off it is transformers.Trainer, step for step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import Trainer, TrainerCallback
+
+from .configuration import GaudiConfig
+from .features import feature_table
+from .training_args import GaudiTrainingArguments
+
+logger = logging.getLogger(__name__)
+
+# Optimizer names for which use_fused_adam swaps in the device's fused AdamW (same update rule).
+_ADAMW_OPTIMIZERS = {"adamw_torch", "adamw_torch_fused"}
+
+
+class _MarkStepAfterOptimizer(TrainerCallback):
+    """Lazy mode: flush the graph the optimizer step queued, before the next forward starts."""
+
+    def __init__(self, mark_step) -> None:
+        self.mark_step = mark_step
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.mark_step()
+
+
+class GaudiTrainer(Trainer):
+    """Trainer for Gaudi (HPU) that runs unchanged on CUDA and CPU.
+
+    Extra argument: ``gaudi_config`` (a GaudiConfig, or anything ``GaudiConfig.from_pretrained`` takes);
+    by default it comes from ``args.gaudi_config_name``, else every Gaudi feature is off.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        args: GaudiTrainingArguments | None = None,
+        *trainer_args: Any,
+        gaudi_config: GaudiConfig | str | os.PathLike | None = None,
+        **trainer_kwargs: Any,
+    ) -> None:
+        if args is None:
+            args = GaudiTrainingArguments(output_dir="trainer_output")
+        if not isinstance(args, GaudiTrainingArguments):
+            raise TypeError(
+                f"GaudiTrainer needs GaudiTrainingArguments, got {type(args).__name__}; "
+                "build GaudiTrainingArguments(...) with the same keyword arguments."
+            )
+        if gaudi_config is not None and not isinstance(gaudi_config, GaudiConfig):
+            gaudi_config = GaudiConfig.from_pretrained(gaudi_config)
+        self.gaudi_config: GaudiConfig = gaudi_config or args.gaudi_config or GaudiConfig()
+        self.gaudi_device = args.gaudi_device
+        if args.distribution_strategy == "fast_ddp" and args.world_size > 1:
+            raise NotImplementedError(
+                "--distribution_strategy fast_ddp is not implemented for multi-process runs yet; use the default 'ddp'."
+            )
+        self._lazy_mark_step = self.gaudi_device.mark_step if args.use_lazy_mode else None
+        self._pipelining_mark_step = self._lazy_mark_step if args.pipelining_fwd_bwd else None
+        self._autocast = self._select_autocast(args)
+
+        super().__init__(model, args, *trainer_args, **trainer_kwargs)
+
+        if self._lazy_mark_step is not None:
+            self.add_callback(_MarkStepAfterOptimizer(self._lazy_mark_step))
+        if self.is_world_process_zero():
+            logger.warning("Gaudi features on this run:\n%s", feature_table(self.gaudi_device, args, self.gaudi_config))
+
+    def _select_autocast(self, args: GaudiTrainingArguments):
+        """bf16 autocast asked for by the Gaudi config (``--bf16`` is handled by accelerate already)."""
+        if not self.gaudi_config.use_torch_autocast or args.bf16:
+            return None
+        if args.half_precision_backend == "cpu_amp":
+            return lambda: torch.autocast(device_type="cpu", dtype=torch.bfloat16)
+        return self.gaudi_device.autocast
+
+    # ---- step hooks ---------------------------------------------------------------------------------
+
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> contextlib.AbstractContextManager:
+        return self._autocast() if self._autocast is not None else super().autocast_smart_context_manager(cache_enabled)
+
+    def compute_loss_context_manager(self) -> contextlib.ExitStack:
+        stack = super().compute_loss_context_manager()
+        if self._pipelining_mark_step is not None and self.model.training:
+            stack.callback(self._pipelining_mark_step)  # runs when the forward pass is done
+        return stack
+
+    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if self._lazy_mark_step is not None:
+            self._lazy_mark_step()  # after backward
+        return loss
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        if (
+            self.optimizer is not None
+            or self.optimizer_cls_and_kwargs is not None
+            or not self.gaudi_config.use_fused_adam
+        ):
+            return super().create_optimizer(model)
+        if self.args.optim not in _ADAMW_OPTIMIZERS:
+            logger.warning("use_fused_adam is ignored because --optim %s is not AdamW.", self.args.optim)
+            return super().create_optimizer(model)
+        _, kwargs = Trainer.get_optimizer_cls_and_kwargs(self.args, model or self.model)
+        kwargs.pop("fused", None)
+        fused_cls, fused_kwargs = self.gaudi_device.fused_adamw()
+        self.optimizer_cls_and_kwargs = (fused_cls, {**kwargs, **fused_kwargs})
+        try:
+            return super().create_optimizer(model)
+        finally:
+            self.optimizer_cls_and_kwargs = None
+
+    def _clip_grad_norm(self, model: nn.Module):
+        if not self.gaudi_config.use_fused_clip_norm or self.is_deepspeed_enabled or self.is_fsdp_enabled:
+            return super()._clip_grad_norm(model)
+        self.accelerator.unscale_gradients()
+        return self.gaudi_device.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
+
+    # ---- saving -------------------------------------------------------------------------------------
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        super()._save(output_dir, state_dict=state_dict)
+        if self.args.should_save:
+            self.gaudi_config.save_pretrained(output_dir if output_dir is not None else self.args.output_dir)

@@ -1,0 +1,166 @@
+"""GaudiTrainingArguments: transformers' TrainingArguments plus the Gaudi flags, checked at construction.
+
+Everything that depends on the device is settled here, once: the bridge reads its PT_HPU_* variables when
+first imported, so they are set before detection imports it, and a contradictory combination fails
+before a model is ever loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+
+from .configuration import GaudiConfig
+from .devices import Device, detect_device
+from .devices.hpu import bridge_imported
+
+logger = logging.getLogger(__name__)
+
+DISTRIBUTION_STRATEGIES = ("ddp", "fast_ddp")
+HALF_PRECISION_BACKENDS = ("auto", "hpu_amp", "cpu_amp")
+
+
+class GaudiArgumentError(ValueError):
+    """A Gaudi flag, or a combination of flags, that cannot work; the message says how to fix it."""
+
+
+@dataclass
+class GaudiTrainingArguments(TrainingArguments):
+    """TrainingArguments with Habana Gaudi options. On a machine without a Gaudi the same flags still
+    parse and the run falls back to CUDA or CPU (see the feature table logged at start-up)."""
+
+    use_habana: bool = field(
+        default=False,
+        metadata={"help": "Train on a Habana Gaudi (HPU); falls back with a warning where there is none."},
+    )
+    use_lazy_mode: bool = field(
+        default=False, metadata={"help": "HPU lazy mode: queue ops and run them as graphs at each mark_step."}
+    )
+    gaudi_config_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "Gaudi config: a JSON file, a directory with gaudi_config.json, a bundled name (e.g. gpt2, Habana/gpt2) or a Hub repo."
+        },
+    )
+    use_hpu_graphs_for_training: bool = field(
+        default=False, metadata={"help": "Wrap the model in HPU Graphs (ModuleCacher) for training."}
+    )
+    use_hpu_graphs_for_inference: bool = field(
+        default=False, metadata={"help": "Wrap the model in HPU Graphs for evaluation and prediction."}
+    )
+    max_hpu_graphs: int | None = field(
+        default=None, metadata={"help": "Most HPU Graphs kept per module by ModuleCacher (training)."}
+    )
+    disable_tensor_cache_hpu_graphs: bool = field(
+        default=False, metadata={"help": "Do not cache graph tensors in inference HPU Graphs (saves memory)."}
+    )
+    distribution_strategy: str = field(
+        default="ddp",
+        metadata={
+            "help": "Multi-card gradient sync: 'ddp' (DistributedDataParallel) or 'fast_ddp' (one fused all-reduce).",
+            "choices": list(DISTRIBUTION_STRATEGIES),
+        },
+    )
+    throughput_warmup_steps: int = field(
+        default=0, metadata={"help": "First optimizer steps left out of the throughput (compilation, warm-up)."}
+    )
+    pipelining_fwd_bwd: bool = field(
+        default=False, metadata={"help": "Lazy mode: extra mark_step after forward so host and device overlap."}
+    )
+    non_blocking_data_copy: bool = field(default=False, metadata={"help": "Copy batches to the device asynchronously."})
+    half_precision_backend: str = field(
+        default="auto",
+        metadata={
+            "help": "Where bf16 autocast runs: 'auto' (the training device), 'hpu_amp' or 'cpu_amp'.",
+            "choices": list(HALF_PRECISION_BACKENDS),
+        },
+    )
+    profiling_warmup_steps: int = field(default=0, metadata={"help": "Steps to skip before profiling starts."})
+    profiling_steps: int = field(
+        default=0, metadata={"help": "Steps to profile with torch.profiler (0 disables profiling)."}
+    )
+    profiling_record_shapes: bool = field(
+        default=False, metadata={"help": "Record tensor shapes in the profiler trace."}
+    )
+
+    def __post_init__(self) -> None:
+        self._validate_gaudi_flags()
+        self.gaudi_config = GaudiConfig.from_pretrained(self.gaudi_config_name) if self.gaudi_config_name else None
+        self._set_bridge_environment()
+        self.gaudi_device: Device = detect_device(use_habana=self.use_habana, use_cpu=self.use_cpu)
+        self._validate_for_device(self.gaudi_device)
+        if self.gaudi_device.type == "cpu":
+            self.use_cpu = True  # lets transformers accept --bf16 on CPU instead of demanding a GPU
+        if self.ddp_backend is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            self.ddp_backend = self.gaudi_device.ddp_backend
+        if self.torch_compile and self.torch_compile_backend is None:
+            self.torch_compile_backend = self.gaudi_device.compile_backend
+        super().__post_init__()
+        if self.non_blocking_data_copy:
+            self.accelerator_config.non_blocking = True
+
+    # ---- checks -------------------------------------------------------------------------------------
+
+    def _validate_gaudi_flags(self) -> None:
+        def fail(message: str) -> None:
+            raise GaudiArgumentError(message)
+
+        if self.distribution_strategy not in DISTRIBUTION_STRATEGIES:
+            fail(
+                f"--distribution_strategy must be one of {', '.join(DISTRIBUTION_STRATEGIES)}, got '{self.distribution_strategy}'."
+            )
+        if self.half_precision_backend not in HALF_PRECISION_BACKENDS:
+            fail(
+                f"--half_precision_backend must be one of {', '.join(HALF_PRECISION_BACKENDS)}, got '{self.half_precision_backend}'."
+            )
+        for name in ("throughput_warmup_steps", "profiling_warmup_steps", "profiling_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                fail(f"--{name} must be a whole number >= 0, got {value!r}.")
+        if self.max_hpu_graphs is not None and self.max_hpu_graphs < 1:
+            fail(f"--max_hpu_graphs must be >= 1 (or unset for no limit), got {self.max_hpu_graphs}.")
+        if self.distribution_strategy == "fast_ddp" and (self.deepspeed or self.fsdp):
+            engine = "--deepspeed" if self.deepspeed else "--fsdp"
+            fail(
+                f"--distribution_strategy fast_ddp replaces DDP and cannot be combined with {engine}; use the default 'ddp' strategy with {engine}."
+            )
+        if self.pipelining_fwd_bwd and not self.use_lazy_mode:
+            fail(
+                "--pipelining_fwd_bwd adds a mark_step in lazy mode only; add --use_lazy_mode or drop --pipelining_fwd_bwd."
+            )
+        if self.torch_compile and (self.use_hpu_graphs_for_training or self.use_hpu_graphs_for_inference):
+            fail(
+                "--torch_compile cannot be combined with HPU Graphs; choose --torch_compile or --use_hpu_graphs_for_*."
+            )
+        if self.torch_compile and self.use_lazy_mode:
+            fail("--torch_compile needs eager mode; drop --use_lazy_mode when compiling.")
+        if self.half_precision_backend != "auto" and not self.bf16:
+            logger.warning(
+                "--half_precision_backend %s has no effect without --bf16 or a Gaudi config with use_torch_autocast.",
+                self.half_precision_backend,
+            )
+        if self.max_hpu_graphs is not None and not self.use_hpu_graphs_for_training:
+            logger.warning("--max_hpu_graphs is ignored without --use_hpu_graphs_for_training.")
+        if self.disable_tensor_cache_hpu_graphs and not self.use_hpu_graphs_for_inference:
+            logger.warning("--disable_tensor_cache_hpu_graphs is ignored without --use_hpu_graphs_for_inference.")
+        if self.profiling_record_shapes and self.profiling_steps == 0:
+            logger.warning("--profiling_record_shapes is ignored while --profiling_steps is 0.")
+
+    def _set_bridge_environment(self) -> None:
+        """PT_HPU_LAZY_MODE is read once, when habana_frameworks is first imported."""
+        wanted = "1" if self.use_lazy_mode else "0"
+        if bridge_imported() and os.environ.get("PT_HPU_LAZY_MODE", wanted) != wanted:
+            raise GaudiArgumentError(
+                "habana_frameworks was imported before GaudiTrainingArguments with a different PT_HPU_LAZY_MODE; "
+                f"set PT_HPU_LAZY_MODE={wanted} in the environment or build the arguments before importing it."
+            )
+        os.environ["PT_HPU_LAZY_MODE"] = wanted
+
+    def _validate_for_device(self, device: Device) -> None:
+        if device.type == "hpu" and self.use_hpu_graphs_for_training and not self.use_lazy_mode:
+            raise GaudiArgumentError("--use_hpu_graphs_for_training needs lazy mode on a Gaudi; add --use_lazy_mode.")
+        if self.half_precision_backend == "hpu_amp" and device.type != "hpu":
+            logger.warning("--half_precision_backend hpu_amp: no Gaudi here, autocast runs on %s.", device.type)

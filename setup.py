@@ -1,0 +1,28 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="optimum-gaudi",
+    version="0.1.0",
+    description="Train Hugging Face models on Intel Gaudi (HPU) accelerators; the same script runs on CUDA and CPU.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["optimum_gaudi", "optimum_gaudi.*"]) + ["optimum_gaudi.gaudi_configs"],
+    # The bundled Gaudi configs live at the top of the repository and install inside the package.
+    package_dir={"optimum_gaudi.gaudi_configs": "gaudi_configs"},
+    package_data={"optimum_gaudi.gaudi_configs": ["*.json"]},
+    install_requires=[
+        # torch is not pinned: a Gaudi machine's own build must be kept (Makefile installs a CPU build first elsewhere)
+        "torch>=2.1",
+        "transformers>=5.0,<6",
+        "accelerate>=1.2",
+        "datasets>=3.0",
+        "tokenizers>=0.20",
+    ],
+    extras_require={
+        "tests": ["pytest>=8"],
+        "quality": ["ruff>=0.6"],
+    },
+    entry_points={"console_scripts": ["optimum-gaudi=optimum_gaudi.cli:main"]},
+)
