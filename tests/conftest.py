@@ -1,0 +1,33 @@
+"""Shared fixtures: offline by default, small tensors, a tiny GPT-2 and its data."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLED", "true")
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def tiny_lm_data():
+    """64 random 16-token sequences over a 100-token vocabulary, labels = inputs."""
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(0, 100, (16,), generator=g).tolist() for _ in range(64)]
+    return [{"input_ids": r, "labels": r} for r in rows]
+
+
+@pytest.fixture
+def tiny_gpt2():
+    """A factory so each trainer gets the same freshly initialised weights."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    def make(seed: int = 0):
+        torch.manual_seed(seed)
+        return GPT2LMHeadModel(GPT2Config(vocab_size=100, n_layer=1, n_embd=32, n_head=2, n_positions=16))
+
+    return make

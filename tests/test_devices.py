@@ -1,0 +1,89 @@
+import logging
+import sys
+
+import pytest
+import torch
+
+from optimum_gaudi import GaudiTrainingArguments
+from optimum_gaudi.devices import FEATURES, CPUDevice, CUDADevice, HPUDevice, NoGaudiError, detect_device
+from optimum_gaudi.features import feature_table
+
+
+@pytest.fixture
+def no_gaudi(monkeypatch):
+    """This machine has no Gaudi; make sure no simulator on sys.path pretends otherwise."""
+    monkeypatch.delenv("OPTIMUM_GAUDI_REQUIRE_HPU", raising=False)
+    monkeypatch.setattr("optimum_gaudi.devices.hpu_available", lambda: False)
+
+
+def expected_fallback():
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_detects_best_available_device_without_gaudi(no_gaudi):
+    assert detect_device().type == expected_fallback()
+    assert detect_device(use_cpu=True).type == "cpu"
+
+
+def test_use_habana_without_gaudi_falls_back_with_one_warning(no_gaudi, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        args = GaudiTrainingArguments(output_dir=str(tmp_path), use_habana=True, report_to=[])
+    warnings = [r for r in caplog.records if "no Gaudi is available" in r.getMessage()]
+    assert len(warnings) == 1
+    assert args.gaudi_device.type == expected_fallback() == args.device.type
+
+
+def test_without_use_habana_there_is_no_warning(no_gaudi, caplog):
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        detect_device(use_habana=False)
+    assert "no Gaudi" not in caplog.text
+
+
+def test_require_hpu_turns_fallback_into_an_error(no_gaudi, monkeypatch, tmp_path):
+    monkeypatch.setenv("OPTIMUM_GAUDI_REQUIRE_HPU", "1")
+    with pytest.raises(NoGaudiError, match="OPTIMUM_GAUDI_REQUIRE_HPU=1 but no Gaudi is usable"):
+        GaudiTrainingArguments(output_dir=str(tmp_path), use_habana=True, report_to=[])
+
+
+def test_hpu_is_preferred_when_the_bridge_sees_a_gaudi(monkeypatch):
+    monkeypatch.setattr("optimum_gaudi.devices.hpu_available", lambda: True)
+    assert isinstance(detect_device(use_habana=True), HPUDevice)
+    assert isinstance(detect_device(use_habana=True, use_cpu=True), CPUDevice)
+
+
+def test_habana_frameworks_is_not_imported_on_this_machine():
+    detect_device()
+    assert "habana_frameworks.torch" not in sys.modules or "fakes" in str(sys.modules["habana_frameworks"].__file__)
+
+
+@pytest.mark.parametrize("device_cls", [CPUDevice, CUDADevice, HPUDevice])
+def test_every_device_explains_every_feature(device_cls):
+    assert set(device_cls.behaviour) == set(FEATURES)
+    assert device_cls.ddp_backend in {"gloo", "nccl", "hccl"}
+
+
+def test_cpu_memory_stats_are_positive_and_ordered():
+    stats = CPUDevice().memory_stats()
+    assert (
+        0 < stats["memory_allocated (GB)"] <= stats["max_memory_allocated (GB)"] < stats["total_memory_available (GB)"]
+    )
+
+
+def test_cpu_clip_matches_torch_and_returns_the_pre_clip_norm():
+    torch.manual_seed(0)
+    a, b = torch.nn.Parameter(torch.randn(5)), torch.nn.Parameter(torch.randn(5))
+    a.grad, b.grad = torch.randn(5) * 10, torch.randn(5) * 10
+    expected = torch.cat([a.grad, b.grad]).norm()
+    norm = CPUDevice().clip_grad_norm_([a, b], 1.0)
+    assert torch.allclose(norm, expected)
+    assert torch.allclose(torch.cat([a.grad, b.grad]).norm(), torch.tensor(1.0), atol=1e-5)
+
+
+def test_feature_table_lists_settings_and_behaviour(tmp_path):
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), use_lazy_mode=True, gaudi_config_name="gpt2", report_to=[])
+    table = feature_table(CPUDevice(), args, args.gaudi_config)
+    lines = table.splitlines()
+    assert len(lines) == len(FEATURES) + 2
+    assert any(line.startswith("use_lazy_mode") and " on " in line and "eager" in line for line in lines)
+    assert any(line.startswith("use_fused_adam") and "AdamW(fused=True)" in line for line in lines)
+    assert any(line.startswith("distribution_strategy") and "ddp" in line for line in lines)

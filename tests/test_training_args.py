@@ -1,0 +1,135 @@
+import logging
+
+import pytest
+from transformers import HfArgumentParser
+
+from optimum_gaudi import GaudiArgumentError, GaudiConfigError, GaudiTrainingArguments
+
+GAUDI_FLAGS = [
+    "use_habana",
+    "use_lazy_mode",
+    "gaudi_config_name",
+    "use_hpu_graphs_for_training",
+    "use_hpu_graphs_for_inference",
+    "max_hpu_graphs",
+    "disable_tensor_cache_hpu_graphs",
+    "distribution_strategy",
+    "throughput_warmup_steps",
+    "pipelining_fwd_bwd",
+    "non_blocking_data_copy",
+    "half_precision_backend",
+    "profiling_warmup_steps",
+    "profiling_steps",
+    "profiling_record_shapes",
+]
+
+
+def make(tmp_path, **kwargs):
+    return GaudiTrainingArguments(output_dir=str(tmp_path), report_to=[], **kwargs)
+
+
+def parse(tmp_path, *argv):
+    (args,) = HfArgumentParser(GaudiTrainingArguments).parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--report_to", "none", *argv]
+    )
+    return args
+
+
+def test_every_gaudi_flag_is_in_help():
+    help_text = HfArgumentParser(GaudiTrainingArguments).format_help()
+    for flag in GAUDI_FLAGS:
+        assert f"--{flag}" in help_text
+
+
+def test_cli_parsing_of_gaudi_flags(tmp_path):
+    args = parse(
+        tmp_path,
+        *("--use_habana", "--use_lazy_mode", "--gaudi_config_name", "Habana/gpt2"),
+        *("--use_hpu_graphs_for_inference", "--disable_tensor_cache_hpu_graphs"),
+        *("--distribution_strategy", "fast_ddp", "--throughput_warmup_steps", "3", "--pipelining_fwd_bwd"),
+        *("--non_blocking_data_copy", "--half_precision_backend", "cpu_amp", "--bf16"),
+        *("--profiling_warmup_steps", "2", "--profiling_steps", "4", "--profiling_record_shapes"),
+    )
+    assert args.use_habana and args.use_lazy_mode and args.pipelining_fwd_bwd
+    assert args.gaudi_config.use_fused_adam
+    assert args.distribution_strategy == "fast_ddp"
+    assert (args.throughput_warmup_steps, args.profiling_warmup_steps, args.profiling_steps) == (3, 2, 4)
+    assert args.half_precision_backend == "cpu_amp"
+    assert args.accelerator_config.non_blocking is True
+
+
+def test_defaults_leave_every_gaudi_feature_off(tmp_path):
+    args = make(tmp_path)
+    assert not any(getattr(args, f) for f in GAUDI_FLAGS if isinstance(getattr(args, f), bool))
+    assert args.gaudi_config is None and args.distribution_strategy == "ddp"
+
+
+def test_cli_rejects_unknown_strategy(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse(tmp_path, "--distribution_strategy", "turbo")
+    assert "invalid choice: 'turbo'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"distribution_strategy": "turbo"}, "--distribution_strategy must be one of ddp, fast_ddp, got 'turbo'"),
+        ({"half_precision_backend": "apex"}, "--half_precision_backend must be one of auto, hpu_amp, cpu_amp"),
+        ({"throughput_warmup_steps": -1}, "--throughput_warmup_steps must be a whole number >= 0"),
+        ({"profiling_warmup_steps": -2}, "--profiling_warmup_steps must be"),
+        ({"profiling_steps": -3}, "--profiling_steps must be"),
+        ({"max_hpu_graphs": 0}, "--max_hpu_graphs must be >= 1"),
+        (
+            {"distribution_strategy": "fast_ddp", "deepspeed": {"zero_optimization": {"stage": 2}}},
+            "fast_ddp.*--deepspeed",
+        ),
+        ({"distribution_strategy": "fast_ddp", "fsdp": "full_shard"}, "fast_ddp.*--fsdp"),
+        ({"pipelining_fwd_bwd": True}, "--pipelining_fwd_bwd .*add --use_lazy_mode"),
+        (
+            {"torch_compile": True, "use_hpu_graphs_for_training": True},
+            "--torch_compile cannot be combined with HPU Graphs",
+        ),
+        ({"torch_compile": True, "use_hpu_graphs_for_inference": True}, "--torch_compile cannot be combined"),
+        ({"torch_compile": True, "use_lazy_mode": True}, "--torch_compile needs eager mode"),
+    ],
+)
+def test_invalid_values_and_combinations_fail_at_construction(tmp_path, kwargs, match):
+    with pytest.raises(GaudiArgumentError, match=match) as excinfo:
+        make(tmp_path, **kwargs)
+    assert "\n" not in str(excinfo.value)
+
+
+def test_bad_gaudi_config_name_fails_at_construction(tmp_path):
+    with pytest.raises(GaudiConfigError, match="does not exist"):
+        make(tmp_path, gaudi_config_name=str(tmp_path / "nope.json"))
+
+
+def test_ignored_flags_warn(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        make(tmp_path, max_hpu_graphs=4, disable_tensor_cache_hpu_graphs=True)
+    text = caplog.text
+    assert "--max_hpu_graphs is ignored" in text and "--disable_tensor_cache_hpu_graphs is ignored" in text
+
+
+def test_lazy_mode_environment_is_set_for_the_bridge(tmp_path, monkeypatch):
+    monkeypatch.delenv("PT_HPU_LAZY_MODE", raising=False)
+    make(tmp_path, use_lazy_mode=True)
+    import os
+
+    assert os.environ["PT_HPU_LAZY_MODE"] == "1"
+    make(tmp_path)
+    assert os.environ["PT_HPU_LAZY_MODE"] == "0"
+
+
+def test_bf16_is_accepted_on_cpu(tmp_path):
+    args = make(tmp_path, bf16=True, use_habana=True)
+    assert args.device.type == args.gaudi_device.type
+    assert args.mixed_precision == "bf16"
+
+
+def test_arguments_pickle_with_their_device(tmp_path):
+    import pickle
+
+    args = make(tmp_path, gaudi_config_name="gpt2")
+    clone = pickle.loads(pickle.dumps(args))
+    assert clone.gaudi_config == args.gaudi_config and clone.gaudi_device.type == args.gaudi_device.type
