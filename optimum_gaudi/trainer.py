@@ -17,6 +17,7 @@ from transformers import Trainer, TrainerCallback
 
 from .configuration import GaudiConfig
 from .features import feature_table
+from .metrics import ThroughputCallback
 from .training_args import GaudiTrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,8 @@ class GaudiTrainer(Trainer):
 
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
 
+        self._throughput = ThroughputCallback(args.throughput_warmup_steps)
+        self.add_callback(self._throughput)
         if self._lazy_mark_step is not None:
             self.add_callback(_MarkStepAfterOptimizer(self._lazy_mark_step))
         if self.is_world_process_zero():
@@ -96,6 +99,7 @@ class GaudiTrainer(Trainer):
         return stack
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        self._throughput.count_tokens(inputs)
         loss = super().training_step(model, inputs, num_items_in_batch)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # after backward
@@ -125,6 +129,17 @@ class GaudiTrainer(Trainer):
             return super()._clip_grad_norm(model)
         self.accelerator.unscale_gradients()
         return self.gaudi_device.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
+
+    # ---- logging ------------------------------------------------------------------------------------
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "train_runtime" in logs:
+            self._throughput.rewrite(
+                logs, self.state.global_step, self.get_total_train_batch_size(self.args), self.args.world_size
+            )
+        elif "loss" in logs and self.is_world_process_zero():
+            logs.update(self.gaudi_device.memory_stats())
+        super().log(logs, start_time)
 
     # ---- saving -------------------------------------------------------------------------------------
 
