@@ -90,6 +90,11 @@ class GaudiConfig:
                     f"Gaudi config key '{f.name}' must be true or false (a JSON boolean), got {value!r} "
                     f"({type(value).__name__})."
                 )
+        both = sorted(set(self.autocast_bf16_ops or ()) & set(self.autocast_fp32_ops or ()))
+        if both:
+            raise GaudiConfigError(
+                f"Ops {both} are in both autocast_bf16_ops and autocast_fp32_ops; keep each in one list."
+            )
 
     # ---- loading -------------------------------------------------------------------------------------
 

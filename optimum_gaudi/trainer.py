@@ -80,12 +80,21 @@ class GaudiTrainer(Trainer):
             logger.warning("Gaudi features on this run:\n%s", feature_table(self.gaudi_device, args, self.gaudi_config))
 
     def _select_autocast(self, args: GaudiTrainingArguments):
-        """bf16 autocast asked for by the Gaudi config (``--bf16`` is handled by accelerate already)."""
-        if not self.gaudi_config.use_torch_autocast or args.bf16:
+        """bf16 autocast from the Gaudi config's op lists, or from `use_torch_autocast` alone.
+
+        Plain ``--bf16`` without op lists is left to accelerate, exactly as transformers.Trainer does it.
+        """
+        config = self.gaudi_config
+        has_lists = bool(config.autocast_bf16_ops or config.autocast_fp32_ops)
+        if not (config.use_torch_autocast or args.bf16) or (args.bf16 and not has_lists):
             return None
-        if args.half_precision_backend == "cpu_amp":
-            return lambda: torch.autocast(device_type="cpu", dtype=torch.bfloat16)
-        return self.gaudi_device.autocast
+        return args.autocast_device.autocast_factory(config.autocast_bf16_ops, config.autocast_fp32_ops)
+
+    def _build_accelerator_args(self, **kwargs) -> dict[str, Any]:
+        accelerator_args = super()._build_accelerator_args(**kwargs)
+        if self._autocast is not None:
+            accelerator_args["mixed_precision"] = "no"  # our autocast replaces accelerate's fixed op lists
+        return accelerator_args
 
     # ---- step hooks ---------------------------------------------------------------------------------
 

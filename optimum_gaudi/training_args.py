@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from transformers import TrainingArguments
 
 from .configuration import GaudiConfig
-from .devices import Device, detect_device
-from .devices.hpu import bridge_imported
+from .devices import CPUDevice, Device, detect_device
+from .devices.hpu import bridge_imported, bridge_installed, export_autocast_op_lists
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +92,8 @@ class GaudiTrainingArguments(TrainingArguments):
         self._set_bridge_environment()
         self.gaudi_device: Device = detect_device(use_habana=self.use_habana, use_cpu=self.use_cpu)
         self._validate_for_device(self.gaudi_device)
+        # cpu_amp: autocast on the host even when the model trains on an accelerator
+        self.autocast_device: Device = CPUDevice() if self.half_precision_backend == "cpu_amp" else self.gaudi_device
         if self.gaudi_device.type == "cpu":
             self.use_cpu = True  # lets transformers accept --bf16 on CPU instead of demanding a GPU
         if self.ddp_backend is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -150,7 +152,9 @@ class GaudiTrainingArguments(TrainingArguments):
             logger.warning("--profiling_record_shapes is ignored while --profiling_steps is 0.")
 
     def _set_bridge_environment(self) -> None:
-        """PT_HPU_LAZY_MODE is read once, when habana_frameworks is first imported."""
+        """PT_HPU_LAZY_MODE and the autocast op-list files are read once, when habana_frameworks is imported."""
+        if self.gaudi_config is not None and bridge_installed():
+            export_autocast_op_lists(self.gaudi_config.autocast_bf16_ops, self.gaudi_config.autocast_fp32_ops)
         wanted = "1" if self.use_lazy_mode else "0"
         if bridge_imported() and os.environ.get("PT_HPU_LAZY_MODE", wanted) != wanted:
             raise GaudiArgumentError(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -48,8 +48,16 @@ class Device:
         """Fused/foreach gradient clipping; returns the total norm before clipping, like torch's."""
         return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, foreach=True)
 
-    def autocast(self, dtype: torch.dtype = torch.bfloat16) -> contextlib.AbstractContextManager:
-        return torch.autocast(device_type=self.type, dtype=dtype)
+    def autocast_factory(
+        self, bf16_ops: list[str] | None = None, fp32_ops: list[str] | None = None
+    ) -> Callable[[], contextlib.AbstractContextManager]:
+        """What to enter around each forward for bf16 autocast: the op lists exactly when given, else
+        torch's own autocast for this device."""
+        if bf16_ops or fp32_ops:
+            from ..precision import OpListAutocast
+
+            return lambda: OpListAutocast(bf16_ops, fp32_ops)
+        return lambda: torch.autocast(device_type=self.type, dtype=torch.bfloat16)
 
     def memory_stats(self) -> dict[str, float]:
         """Memory in GB: allocated now, peak allocated, and total available."""

@@ -8,9 +8,14 @@ import it before the training arguments have set them.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import importlib.util
-from collections.abc import Iterable
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,9 +28,43 @@ def bridge_installed() -> bool:
 
 
 def bridge_imported() -> bool:
-    import sys
-
     return "habana_frameworks.torch" in sys.modules
+
+
+BF16_LIST_ENV = "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"
+FP32_LIST_ENV = "PT_HPU_AUTOCAST_FP32_OPS_LIST"
+
+
+def export_autocast_op_lists(bf16_ops: list[str] | None, fp32_ops: list[str] | None) -> None:
+    """Write the op lists to files and name them in the environment, where the bridge looks at import.
+
+    Files are named by content so repeated runs reuse them instead of piling up in the temp directory.
+    """
+    wanted = {}
+    for env, ops in ((BF16_LIST_ENV, bf16_ops), (FP32_LIST_ENV, fp32_ops)):
+        if ops:
+            text = "\n".join(ops) + "\n"
+            path = Path(tempfile.gettempdir()) / "optimum_gaudi" / f"{hashlib.sha1(text.encode()).hexdigest()[:16]}.txt"
+            if not path.is_file():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(text)
+                os.replace(tmp, path)
+            wanted[env] = str(path)
+    if bridge_imported() and any(os.environ.get(env) != value for env, value in wanted.items()):
+        raise RuntimeError(
+            "habana_frameworks was imported before the Gaudi config's autocast op lists were set; build "
+            "GaudiTrainingArguments (or set PT_HPU_AUTOCAST_*_OPS_LIST) before importing habana_frameworks."
+        )
+    os.environ.update(wanted)
+
+
+def _exported_lists() -> tuple[list[str], list[str]]:
+    def read(env: str) -> list[str]:
+        path = os.environ.get(env)
+        return Path(path).read_text().split() if path and Path(path).is_file() else []
+
+    return read(BF16_LIST_ENV), read(FP32_LIST_ENV)
 
 
 def hpu_available() -> bool:
@@ -76,8 +115,16 @@ class HPUDevice(Device):
         params = [p for p in parameters if p.grad is not None]
         return FusedClipNorm(params, max_norm).clip_norm(params)
 
-    def autocast(self, dtype: torch.dtype = torch.bfloat16) -> contextlib.AbstractContextManager:
-        return torch.autocast(device_type="hpu", dtype=dtype)
+    def autocast_factory(
+        self, bf16_ops: list[str] | None = None, fp32_ops: list[str] | None = None
+    ) -> Callable[[], contextlib.AbstractContextManager]:
+        """torch.autocast('hpu'); the bridge took the op lists from the environment when it loaded."""
+        if (bf16_ops or fp32_ops) and _exported_lists() != (bf16_ops or [], fp32_ops or []):
+            raise RuntimeError(
+                "The Gaudi config's autocast op lists did not reach habana_frameworks before it was imported; "
+                "pass the config as --gaudi_config_name (GaudiTrainingArguments sets them up before the import)."
+            )
+        return lambda: torch.autocast(device_type="hpu", dtype=torch.bfloat16)
 
     def memory_stats(self) -> dict[str, float]:
         stats = importlib.import_module("habana_frameworks.torch.hpu").memory_stats()
