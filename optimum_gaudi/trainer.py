@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback
 
+from .batching import StaticBatchCollator
 from .configuration import GaudiConfig
 from .features import feature_table
 from .metrics import ThroughputCallback
@@ -95,6 +96,20 @@ class GaudiTrainer(Trainer):
         if self._autocast is not None:
             accelerator_args["mixed_precision"] = "no"  # our autocast replaces accelerate's fixed op lists
         return accelerator_args
+
+    # ---- data ---------------------------------------------------------------------------------------
+
+    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
+        """With graphs (lazy mode, HPU Graphs) pad the last batch so its shape compiles no new graph."""
+        static = self.args.use_lazy_mode or self.args.use_hpu_graphs_for_training
+        if not static or self.args.dataloader_drop_last or self.data_collator is None:
+            return super().get_train_dataloader()
+        collator = self.data_collator
+        self.data_collator = StaticBatchCollator(collator, self._train_batch_size)
+        try:
+            return super().get_train_dataloader()
+        finally:
+            self.data_collator = collator
 
     # ---- step hooks ---------------------------------------------------------------------------------
 

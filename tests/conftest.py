@@ -26,8 +26,9 @@ def tiny_gpt2():
     """A factory so each trainer gets the same freshly initialised weights."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    def make(seed: int = 0):
+    def make(seed: int = 0, **overrides):
         torch.manual_seed(seed)
-        return GPT2LMHeadModel(GPT2Config(vocab_size=100, n_layer=1, n_embd=32, n_head=2, n_positions=16))
+        config = dict(vocab_size=100, n_layer=1, n_embd=32, n_head=2, n_positions=16, **overrides)
+        return GPT2LMHeadModel(GPT2Config(**config))
 
     return make
