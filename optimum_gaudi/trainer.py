@@ -70,6 +70,7 @@ class GaudiTrainer(Trainer):
         self._lazy_mark_step = self.gaudi_device.mark_step if args.use_lazy_mode else None
         self._pipelining_mark_step = self._lazy_mark_step if args.pipelining_fwd_bwd else None
         self._autocast = self._select_autocast(args)
+        self._graph_wrapped: set[tuple[bool, int]] = set()
 
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
 
@@ -96,6 +97,21 @@ class GaudiTrainer(Trainer):
         if self._autocast is not None:
             accelerator_args["mixed_precision"] = "no"  # our autocast replaces accelerate's fixed op lists
         return accelerator_args
+
+    # ---- graphs -------------------------------------------------------------------------------------
+
+    def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
+        model = super()._wrap_model(model, training, dataloader)
+        # The device wrappers patch the module in place; wrap each module once across train/evaluate calls.
+        if training and self.args.use_hpu_graphs_for_training and (training, id(model)) not in self._graph_wrapped:
+            self._graph_wrapped.add((training, id(model)))
+            model = self.gaudi_device.wrap_for_training(model, self.args.max_hpu_graphs)
+        elif (
+            not training and self.args.use_hpu_graphs_for_inference and (training, id(model)) not in self._graph_wrapped
+        ):
+            self._graph_wrapped.add((training, id(model)))
+            model = self.gaudi_device.wrap_for_inference(model, self.args.disable_tensor_cache_hpu_graphs)
+        return model
 
     # ---- data ---------------------------------------------------------------------------------------
 
@@ -128,6 +144,12 @@ class GaudiTrainer(Trainer):
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # after backward
         return loss
+
+    def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys=None):
+        outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+        if self._lazy_mark_step is not None:
+            self._lazy_mark_step()  # run the queued evaluation graph before the next batch
+        return outputs
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
         if (

@@ -164,7 +164,8 @@ class GaudiTrainingArguments(TrainingArguments):
         os.environ["PT_HPU_LAZY_MODE"] = wanted
 
     def _validate_for_device(self, device: Device) -> None:
-        if device.type == "hpu" and self.use_hpu_graphs_for_training and not self.use_lazy_mode:
-            raise GaudiArgumentError("--use_hpu_graphs_for_training needs lazy mode on a Gaudi; add --use_lazy_mode.")
+        graphs = self.use_hpu_graphs_for_training or self.use_hpu_graphs_for_inference
+        if device.type == "hpu" and graphs and not self.use_lazy_mode:
+            raise GaudiArgumentError("HPU Graphs need lazy mode on a Gaudi; add --use_lazy_mode.")
         if self.half_precision_backend == "hpu_amp" and device.type != "hpu":
             logger.warning("--half_precision_backend hpu_amp: no Gaudi here, autocast runs on %s.", device.type)

@@ -59,6 +59,14 @@ class Device:
             return lambda: OpListAutocast(bf16_ops, fp32_ops)
         return lambda: torch.autocast(device_type=self.type, dtype=torch.bfloat16)
 
+    def wrap_for_training(self, model: torch.nn.Module, max_graphs: int | None) -> torch.nn.Module:
+        """Graph-cache the training forward where the device can; elsewhere the model as it is."""
+        return model
+
+    def wrap_for_inference(self, model: torch.nn.Module, disable_tensor_cache: bool) -> torch.nn.Module:
+        """Replay the evaluation forward as a graph where the device can; elsewhere the model as it is."""
+        return model
+
     def memory_stats(self) -> dict[str, float]:
         """Memory in GB: allocated now, peak allocated, and total available."""
         raise NotImplementedError

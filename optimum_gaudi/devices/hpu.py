@@ -126,6 +126,17 @@ class HPUDevice(Device):
             )
         return lambda: torch.autocast(device_type="hpu", dtype=torch.bfloat16)
 
+    def wrap_for_training(self, model: torch.nn.Module, max_graphs: int | None) -> torch.nn.Module:
+        from habana_frameworks.torch.hpu import ModuleCacher
+
+        cacher = ModuleCacher() if max_graphs is None else ModuleCacher(max_graphs=max_graphs)
+        return cacher(model=model, inplace=True)
+
+    def wrap_for_inference(self, model: torch.nn.Module, disable_tensor_cache: bool) -> torch.nn.Module:
+        from habana_frameworks.torch.hpu import wrap_in_hpu_graph
+
+        return wrap_in_hpu_graph(model, disable_tensor_cache=disable_tensor_cache)
+
     def memory_stats(self) -> dict[str, float]:
         stats = importlib.import_module("habana_frameworks.torch.hpu").memory_stats()
         return {

@@ -1,0 +1,89 @@
+"""TEST DOUBLE of ``habana_frameworks.torch.hpu.memory``.
+
+Same functions and dict keys as the real API. "InUse" is this process's resident memory (there is no
+device memory to measure), "MaxInUse" the largest value seen since the last reset_peak_memory_stats(),
+"Limit" 96 GiB (a Gaudi 2) unless FAKE_HPU_MEMORY_LIMIT gives a number of bytes. Counters are 0.
+"""
+
+import os
+
+import torch
+
+import habana_frameworks as _hf
+
+_peak = 0
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _check_device(device) -> int:
+    if device is None:
+        index = 0
+    elif isinstance(device, int):
+        index = device
+    else:
+        index = torch.device(device).index or 0
+    count = int(os.environ.get("FAKE_HPU_DEVICE_COUNT", "1"))
+    if index < 0 or index >= count:
+        raise AssertionError("Invalid device id")
+    return index
+
+
+def _stats(device) -> dict:
+    global _peak
+    _check_device(device)
+    in_use = _rss()
+    _peak = max(_peak, in_use)
+    return {
+        "Limit": int(os.environ.get("FAKE_HPU_MEMORY_LIMIT", 96 * 1024**3)),
+        "InUse": in_use,
+        "MaxInUse": _peak,
+        "NumAllocs": 0,
+        "NumFrees": 0,
+        "ActiveAllocs": 0,
+        "MaxAllocSize": 0,
+        "TotalSystemAllocs": 0,
+        "TotalSystemFrees": 0,
+        "TotalActiveAllocs": 0,
+    }
+
+
+def memory_stats(device=None):
+    _hf.record("hpu.memory_stats", device=device)
+    return _stats(device)
+
+
+def memory_allocated(device=None):
+    _hf.record("hpu.memory_allocated", device=device)
+    return _stats(device)["InUse"]
+
+
+def max_memory_allocated(device=None):
+    _hf.record("hpu.max_memory_allocated", device=device)
+    return _stats(device)["MaxInUse"]
+
+
+def reset_peak_memory_stats(device=None):
+    global _peak
+    _hf.record("hpu.reset_peak_memory_stats", device=device)
+    _check_device(device)
+    _peak = _rss()
+
+
+def memory_reserved(device=None):
+    _hf.record("hpu.memory_reserved", device=device)
+    return _stats(device)["Limit"]
+
+
+def mem_get_info(device=None):
+    _hf.record("hpu.mem_get_info", device=device)
+    stats = _stats(device)
+    return stats["Limit"] - stats["InUse"], stats["Limit"]
