@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,3 +34,24 @@ def tiny_gpt2():
         return GPT2LMHeadModel(GPT2Config(**config))
 
     return make
+
+
+FAKES = str(Path(__file__).parent / "fakes")
+
+
+def _unload_bridge():
+    for name in [m for m in sys.modules if m == "habana_frameworks" or m.startswith("habana_frameworks.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def bridge(monkeypatch):
+    """The simulated Habana bridge (tests/fakes, a test double), importable but not yet imported, and the
+    environment as a new process has it. Returns a getter for the imported simulator's call log."""
+    for var in [v for v in os.environ if v.startswith("PT_HPU")]:
+        monkeypatch.delenv(var)
+    monkeypatch.delenv("OPTIMUM_GAUDI_REQUIRE_HPU", raising=False)
+    monkeypatch.syspath_prepend(FAKES)
+    _unload_bridge()
+    yield lambda: sys.modules["habana_frameworks"]
+    _unload_bridge()

@@ -1,6 +1,5 @@
 """The HPU path end to end, on the simulated bridge in tests/fakes (a test double: no Gaudi here)."""
 
-import os
 import sys
 from pathlib import Path
 
@@ -8,25 +7,6 @@ import pytest
 
 from optimum_gaudi import GaudiArgumentError, GaudiConfig, GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.devices import HPUDevice
-
-FAKES = str(Path(__file__).parent / "fakes")
-
-
-def _unload_bridge():
-    for name in [m for m in sys.modules if m == "habana_frameworks" or m.startswith("habana_frameworks.")]:
-        del sys.modules[name]
-
-
-@pytest.fixture
-def bridge(monkeypatch):
-    """The simulated bridge, importable but not yet imported; the environment as a new process has it."""
-    for var in [v for v in os.environ if v.startswith("PT_HPU")]:
-        monkeypatch.delenv(var)
-    monkeypatch.delenv("OPTIMUM_GAUDI_REQUIRE_HPU", raising=False)
-    monkeypatch.syspath_prepend(FAKES)
-    _unload_bridge()
-    yield lambda: sys.modules["habana_frameworks"]
-    _unload_bridge()
 
 
 def hpu_args(tmp_path, **kwargs):

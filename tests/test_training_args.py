@@ -133,3 +133,12 @@ def test_arguments_pickle_with_their_device(tmp_path):
     args = make(tmp_path, gaudi_config_name="gpt2")
     clone = pickle.loads(pickle.dumps(args))
     assert clone.gaudi_config == args.gaudi_config and clone.gaudi_device.type == args.gaudi_device.type
+
+
+def test_torch_compile_backend_follows_the_device(tmp_path):
+    assert make(tmp_path, torch_compile=True).torch_compile_backend == "inductor"  # no Gaudi yet: CPU
+
+
+def test_torch_compile_uses_hpu_backend_on_a_gaudi(tmp_path, bridge):
+    args = make(tmp_path, torch_compile=True, use_habana=True)
+    assert args.gaudi_device.type == "hpu" and args.torch_compile_backend == "hpu_backend"

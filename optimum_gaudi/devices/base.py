@@ -67,6 +67,23 @@ class Device:
         """Replay the evaluation forward as a graph where the device can; elsewhere the model as it is."""
         return model
 
+    def capture_graph(self, fn: Callable[..., Any], static_inputs: tuple) -> tuple[Any, Callable[[], None]]:
+        """Run `fn` once on `static_inputs`; return its outputs and a replay function that refreshes them.
+
+        Without graph hardware, replay re-runs `fn` and copies the results into the same output tensors,
+        which is what a replayed graph does to its static outputs.
+        """
+        outputs = fn(*static_inputs)
+
+        def replay() -> None:
+            with torch.no_grad():
+                _copy_into(outputs, fn(*static_inputs))
+
+        return outputs, replay
+
+    def make_graphed_callables(self, callables: Any, sample_args: tuple) -> Any:
+        return callables
+
     def memory_stats(self) -> dict[str, float]:
         """Memory in GB: allocated now, peak allocated, and total available."""
         raise NotImplementedError
@@ -76,3 +93,14 @@ class Device:
 
 
 GB = 1024**3
+
+
+def _copy_into(static: Any, fresh: Any) -> None:
+    if isinstance(static, torch.Tensor):
+        static.copy_(fresh)
+    elif isinstance(static, (list, tuple)):
+        for s, f in zip(static, fresh, strict=True):
+            _copy_into(s, f)
+    elif isinstance(static, dict):
+        for key in static:
+            _copy_into(static[key], fresh[key])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from .base import GB, Device
@@ -25,6 +28,20 @@ class CUDADevice(Device):
 
     def count(self) -> int:
         return torch.cuda.device_count()
+
+    def capture_graph(self, fn: Callable[..., Any], static_inputs: tuple) -> tuple[Any, Callable[[], None]]:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up outside the graph, as CUDA graph capture requires
+            fn(*static_inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            outputs = fn(*static_inputs)
+        return outputs, cuda_graph.replay
+
+    def make_graphed_callables(self, callables: Any, sample_args: tuple) -> Any:
+        return torch.cuda.make_graphed_callables(callables, sample_args)
 
     def memory_stats(self) -> dict[str, float]:
         index = torch.cuda.current_device()

@@ -137,6 +137,19 @@ class HPUDevice(Device):
 
         return wrap_in_hpu_graph(model, disable_tensor_cache=disable_tensor_cache)
 
+    def capture_graph(self, fn: Callable[..., Any], static_inputs: tuple) -> tuple[Any, Callable[[], None]]:
+        from habana_frameworks.torch.hpu import HPUGraph, graph
+
+        hpu_graph = HPUGraph()
+        with graph(hpu_graph):
+            outputs = fn(*static_inputs)
+        return outputs, hpu_graph.replay
+
+    def make_graphed_callables(self, callables: Any, sample_args: tuple) -> Any:
+        from habana_frameworks.torch.hpu import make_graphed_callables
+
+        return make_graphed_callables(callables, sample_args)
+
     def memory_stats(self) -> dict[str, float]:
         stats = importlib.import_module("habana_frameworks.torch.hpu").memory_stats()
         return {

@@ -1,0 +1,109 @@
+import importlib.metadata
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from optimum_gaudi import __version__
+from optimum_gaudi.cli import main
+from optimum_gaudi.devices import FEATURES
+
+
+def write_state(directory, steps=12, eval_every=4):
+    history = []
+    for step in range(1, steps + 1):
+        history.append(
+            {
+                "loss": 4.0 / step,
+                "learning_rate": 1e-3 * (1 - step / steps),
+                "memory_allocated (GB)": 1.0 + step / 100,
+                "max_memory_allocated (GB)": 1.5,
+                "total_memory_available (GB)": 32.0,
+                "epoch": step / steps,
+                "step": step,
+            }
+        )
+        if step % eval_every == 0:
+            history.append({"eval_loss": 3.0 / step, "eval_samples_per_second": 100.0 + step, "step": step})
+    history.append(
+        {"train_runtime": 2.0, "train_samples_per_second": 40.0, "train_tokens_per_second": 640.0, "step": steps}
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "trainer_state.json").write_text(
+        json.dumps({"global_step": steps, "epoch": 1.0, "log_history": history})
+    )
+
+
+def one_error_line(capsys):
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+def test_env_reports_versions_device_and_every_feature(capsys):
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("```") and out.rstrip().endswith("```")  # pastes as a code block
+    assert f"- optimum-gaudi: {__version__}" in out
+    assert f"- torch: {torch.__version__}" in out
+    for package in ("transformers", "accelerate", "datasets"):
+        assert f"- {package}: {importlib.metadata.version(package)}" in out
+    assert "- Habana bridge (habana-torch-plugin): " in out
+    assert "- device: cpu x 1" in out or "- device: cuda x" in out
+    assert "total_memory_available" in out
+    for feature in FEATURES:
+        assert feature in out
+
+
+def test_plot_writes_a_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    write_state(tmp_path / "run")
+    assert main(["plot", str(tmp_path / "run")]) == 0
+    png = tmp_path / "run" / "training_plot.png"
+    assert capsys.readouterr().out.strip() == str(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_reads_the_newest_checkpoint_and_honours_out(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    write_state(tmp_path / "run" / "checkpoint-500", steps=20)
+    (tmp_path / "run" / "checkpoint-90").mkdir()
+    (tmp_path / "run" / "checkpoint-90" / "trainer_state.json").write_text("not json")  # older: never read
+    out = tmp_path / "plots" / "run.png"
+    assert main(["plot", str(tmp_path / "run"), "--out", str(out)]) == 0
+    assert out.is_file()
+
+
+def test_plot_of_a_missing_directory_is_one_error_line(tmp_path, capsys):
+    assert main(["plot", str(tmp_path / "nope")]) == 2
+    assert "is not a directory" in one_error_line(capsys)
+
+
+def test_plot_without_trainer_state_is_one_error_line(tmp_path, capsys):
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "no trainer_state.json" in one_error_line(capsys)
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, capsys, monkeypatch):
+    write_state(tmp_path)
+    for name in ["matplotlib", *(m for m in sys.modules if m.startswith("matplotlib."))]:
+        monkeypatch.setitem(sys.modules, name, None)  # makes `import matplotlib...` fail
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "pip install matplotlib" in one_error_line(capsys)
+
+
+def test_usage_errors_and_help_return_exit_codes(capsys):
+    assert main([]) == 2
+    assert main(["--help"]) == 0
+    assert "plot" in capsys.readouterr().out
+
+
+def test_python_dash_m_runs_the_cli(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "optimum_gaudi", "plot", str(tmp_path / "nope")], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr
