@@ -23,6 +23,7 @@ setup(
     extras_require={
         "tests": ["pytest>=8"],
         "quality": ["ruff>=0.6"],
+        "plot": ["matplotlib>=3.5"],
     },
     entry_points={"console_scripts": ["optimum-gaudi=optimum_gaudi.cli:main"]},
 )

@@ -19,6 +19,7 @@ from .batching import StaticBatchCollator
 from .configuration import GaudiConfig
 from .features import feature_table
 from .metrics import ThroughputCallback
+from .profiling import GaudiProfilerCallback
 from .training_args import GaudiTrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,9 @@ class GaudiTrainer(Trainer):
 
         self._throughput = ThroughputCallback(args.throughput_warmup_steps)
         self.add_callback(self._throughput)
+        profiler = GaudiProfilerCallback.from_training_args(args)
+        if profiler is not None:
+            self.add_callback(profiler)
         if self._lazy_mark_step is not None:
             self.add_callback(_MarkStepAfterOptimizer(self._lazy_mark_step))
         if self.is_world_process_zero():

@@ -85,6 +85,7 @@ class GaudiTrainingArguments(TrainingArguments):
     profiling_record_shapes: bool = field(
         default=False, metadata={"help": "Record tensor shapes in the profiler trace."}
     )
+    profiling_with_stack: bool = field(default=False, metadata={"help": "Record Python stacks in the profiler trace."})
 
     def __post_init__(self) -> None:
         self._validate_gaudi_flags()
@@ -148,8 +149,9 @@ class GaudiTrainingArguments(TrainingArguments):
             logger.warning("--max_hpu_graphs is ignored without --use_hpu_graphs_for_training.")
         if self.disable_tensor_cache_hpu_graphs and not self.use_hpu_graphs_for_inference:
             logger.warning("--disable_tensor_cache_hpu_graphs is ignored without --use_hpu_graphs_for_inference.")
-        if self.profiling_record_shapes and self.profiling_steps == 0:
-            logger.warning("--profiling_record_shapes is ignored while --profiling_steps is 0.")
+        for flag in ("profiling_record_shapes", "profiling_with_stack"):
+            if getattr(self, flag) and self.profiling_steps == 0:
+                logger.warning("--%s is ignored while --profiling_steps is 0.", flag)
 
     def _set_bridge_environment(self) -> None:
         """PT_HPU_LAZY_MODE and the autocast op-list files are read once, when habana_frameworks is imported."""

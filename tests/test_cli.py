@@ -58,6 +58,14 @@ def test_env_reports_versions_device_and_every_feature(capsys):
         assert feature in out
 
 
+def test_env_on_the_simulated_bridge_reports_the_hpu(bridge, capsys):
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "- device: hpu x " in out
+    assert "- Habana bridge (habana-torch-plugin): habana_frameworks importable" in out
+    assert "hpex.optimizers.FusedAdamW" in out  # the table explains the HPU behaviour
+
+
 def test_plot_writes_a_png(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     write_state(tmp_path / "run")

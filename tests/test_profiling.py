@@ -5,8 +5,9 @@ import torch
 from torch.profiler import ProfilerActivity
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from optimum_gaudi import GaudiTrainingArguments
-from optimum_gaudi.profiling import GaudiProfilerCallback, profile, profiler_activities, trace_path
+from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
+from optimum_gaudi.devices import CPUDevice, HPUDevice
+from optimum_gaudi.profiling import GaudiProfilerCallback, profile, trace_path
 
 
 class StepRecorder(TrainerCallback):
@@ -32,8 +33,10 @@ class StepRecorder(TrainerCallback):
         self.active_after[state.global_step] = self.cb.profiler is not None
 
 
-def run(model, data, tmp_path, warmup, active, max_steps):
-    cb = GaudiProfilerCallback(warmup, active, record_shapes=True, output_dir=tmp_path / "profiling", rank=0)
+def run(model, data, tmp_path, warmup, active, max_steps, with_stack=False):
+    cb = GaudiProfilerCallback(
+        warmup, active, record_shapes=True, with_stack=with_stack, output_dir=tmp_path / "profiling", rank=0
+    )
     recorder = StepRecorder(cb)
     model.register_forward_hook(recorder.forward_hook)
     args = TrainingArguments(
@@ -74,13 +77,14 @@ def test_profiles_exactly_the_window_and_writes_a_chrome_trace(tiny_gpt2, tiny_l
     assert trace["optimum_gaudi_rank"] == 0
 
 
-def test_training_that_stops_inside_the_window_still_writes_the_trace(tiny_gpt2, tiny_lm_data, tmp_path):
-    cb, rec = run(tiny_gpt2(), tiny_lm_data, tmp_path, warmup=1, active=10, max_steps=3)
+def test_training_that_stops_inside_the_window_still_writes_the_trace_with_stacks(tiny_gpt2, tiny_lm_data, tmp_path):
+    cb, rec = run(tiny_gpt2(), tiny_lm_data, tmp_path, warmup=1, active=10, max_steps=3, with_stack=True)
     assert rec.recording_in_forward == {1: False, 2: True, 3: True}
     assert cb.profiler is None
-    _, names = trace_events(cb.trace_file)
+    trace, names = trace_events(cb.trace_file)
     assert names.count("my_region") == 2
     assert {"aten::mm", "aten::addmm", "aten::linear"} & set(names)
+    assert any(e.get("cat") == "python_function" for e in trace["traceEvents"])  # with_stack: Python frames
 
 
 def test_training_that_ends_before_the_window_never_starts_the_profiler(tiny_gpt2, tiny_lm_data, tmp_path):
@@ -121,7 +125,7 @@ def test_callback_from_training_args(tmp_path):
     )
     cb = GaudiProfilerCallback.from_training_args(args)
     assert (cb.warmup_steps, cb.active_steps, cb.record_shapes, cb.with_stack) == (3, 2, True, False)
-    assert cb.output_dir == tmp_path / "profiling"
+    assert cb.output_dir == tmp_path
     assert cb.rank == 0
     assert cb.activities == [ProfilerActivity.CPU]
     args = GaudiTrainingArguments(output_dir=str(tmp_path), report_to=[])
@@ -129,11 +133,20 @@ def test_callback_from_training_args(tmp_path):
 
 
 def test_activities_follow_the_device():
-    assert profiler_activities("cpu") == [ProfilerActivity.CPU]
+    assert CPUDevice().profiler_activities() == [ProfilerActivity.CPU]
     if hasattr(ProfilerActivity, "HPU"):
-        assert profiler_activities("hpu") == [ProfilerActivity.CPU, ProfilerActivity.HPU]
-    if not torch.cuda.is_available():
-        assert profiler_activities("cuda") == [ProfilerActivity.CPU]
+        assert HPUDevice().profiler_activities() == [ProfilerActivity.CPU, ProfilerActivity.HPU]
+
+
+def test_gaudi_trainer_profiling_flags_write_the_trace(tiny_gpt2, tiny_lm_data, tmp_path):
+    args = GaudiTrainingArguments(
+        output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4, report_to=[], save_strategy="no",
+        profiling_warmup_steps=1, profiling_steps=2, profiling_with_stack=True,
+    )  # fmt: skip
+    GaudiTrainer(model=tiny_gpt2(), args=args, train_dataset=tiny_lm_data).train()
+    _, names = trace_events(tmp_path / "profile_rank0.pt.trace.json")
+    assert "ProfilerStep#0" in names and "ProfilerStep#1" in names and "ProfilerStep#2" not in names
+    assert any(n in names for n in ("aten::addmm", "aten::mm"))
 
 
 def test_rejects_an_empty_window():

@@ -21,6 +21,7 @@ GAUDI_FLAGS = [
     "profiling_warmup_steps",
     "profiling_steps",
     "profiling_record_shapes",
+    "profiling_with_stack",
 ]
 
 

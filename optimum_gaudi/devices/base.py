@@ -84,6 +84,9 @@ class Device:
     def make_graphed_callables(self, callables: Any, sample_args: tuple) -> Any:
         return callables
 
+    def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
+        return [torch.profiler.ProfilerActivity.CPU]
+
     def memory_stats(self) -> dict[str, float]:
         """Memory in GB: allocated now, peak allocated, and total available."""
         raise NotImplementedError

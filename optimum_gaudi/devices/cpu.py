@@ -39,8 +39,9 @@ class CPUDevice(Device):
 
     def memory_stats(self) -> dict[str, float]:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        current = _rss_bytes()  # read from another OS source than the peak: keep peak >= current
         return {
-            "memory_allocated (GB)": round(_rss_bytes() / GB, 3),
-            "max_memory_allocated (GB)": round(_peak_rss_bytes() / GB, 3),
+            "memory_allocated (GB)": round(current / GB, 3),
+            "max_memory_allocated (GB)": round(max(current, _peak_rss_bytes()) / GB, 3),
             "total_memory_available (GB)": round(total / GB, 2),
         }

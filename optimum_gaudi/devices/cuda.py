@@ -43,6 +43,9 @@ class CUDADevice(Device):
     def make_graphed_callables(self, callables: Any, sample_args: tuple) -> Any:
         return torch.cuda.make_graphed_callables(callables, sample_args)
 
+    def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
+        return [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+
     def memory_stats(self) -> dict[str, float]:
         index = torch.cuda.current_device()
         return {

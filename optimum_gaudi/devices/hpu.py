@@ -150,6 +150,11 @@ class HPUDevice(Device):
 
         return make_graphed_callables(callables, sample_args)
 
+    def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
+        """HPU activity where this torch build knows it (Habana's builds do)."""
+        activity = torch.profiler.ProfilerActivity
+        return [activity.CPU, activity.HPU] if hasattr(activity, "HPU") else [activity.CPU]
+
     def memory_stats(self) -> dict[str, float]:
         stats = importlib.import_module("habana_frameworks.torch.hpu").memory_stats()
         return {
