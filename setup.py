@@ -21,7 +21,7 @@ setup(
         "tokenizers>=0.20",
     ],
     extras_require={
-        "tests": ["pytest>=8"],
+        "tests": ["pytest>=8", "matplotlib>=3.5"],  # matplotlib: the plot command is tested too
         "quality": ["ruff>=0.6"],
         "plot": ["matplotlib>=3.5"],
     },
