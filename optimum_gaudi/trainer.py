@@ -17,6 +17,7 @@ from transformers import Trainer, TrainerCallback
 
 from .batching import StaticBatchCollator
 from .configuration import GaudiConfig
+from .distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from .features import feature_table
 from .metrics import ThroughputCallback
 from .profiling import GaudiProfilerCallback
@@ -64,10 +65,7 @@ class GaudiTrainer(Trainer):
             gaudi_config = GaudiConfig.from_pretrained(gaudi_config)
         self.gaudi_config: GaudiConfig = gaudi_config or args.gaudi_config or GaudiConfig()
         self.gaudi_device = args.gaudi_device
-        if args.distribution_strategy == "fast_ddp" and args.world_size > 1:
-            raise NotImplementedError(
-                "--distribution_strategy fast_ddp is not implemented for multi-process runs yet; use the default 'ddp'."
-            )
+        self._grad_allreduce: FusedGradientAllReduce | None = None
         self._lazy_mark_step = self.gaudi_device.mark_step if args.use_lazy_mode else None
         self._pipelining_mark_step = self._lazy_mark_step if args.pipelining_fwd_bwd else None
         self._autocast = self._select_autocast(args)
@@ -106,6 +104,8 @@ class GaudiTrainer(Trainer):
 
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
         model = super()._wrap_model(model, training, dataloader)
+        if training and self._use_fast_ddp() and not isinstance(model, FastDDPModel):
+            model = self._wrap_for_fast_ddp(model)
         # The device wrappers patch the module in place; wrap each module once across train/evaluate calls.
         if training and self.args.use_hpu_graphs_for_training and (training, id(model)) not in self._graph_wrapped:
             self._graph_wrapped.add((training, id(model)))
@@ -116,6 +116,16 @@ class GaudiTrainer(Trainer):
             self._graph_wrapped.add((training, id(model)))
             model = self.gaudi_device.wrap_for_inference(model, self.args.disable_tensor_cache_hpu_graphs)
         return model
+
+    def _use_fast_ddp(self) -> bool:
+        return self.args.distribution_strategy == "fast_ddp" and self.args.world_size > 1
+
+    def _wrap_for_fast_ddp(self, model: nn.Module) -> nn.Module:
+        """Autocast and placement from accelerate, but no DDP: gradients go through one fused all-reduce."""
+        model = self.accelerator.prepare_model(model, evaluation_mode=True)
+        broadcast_parameters(model)
+        self._grad_allreduce = FusedGradientAllReduce(list(model.parameters()), dtype=self.args.fast_ddp_torch_dtype)
+        return FastDDPModel(model)
 
     # ---- data ---------------------------------------------------------------------------------------
 
@@ -147,6 +157,8 @@ class GaudiTrainer(Trainer):
         loss = super().training_step(model, inputs, num_items_in_batch)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # after backward
+        if self._grad_allreduce is not None and self.accelerator.gradient_state.sync_gradients:
+            self._grad_allreduce()  # before clipping, which then sees the averaged gradients
         return loss
 
     def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys=None):

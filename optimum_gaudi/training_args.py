@@ -11,6 +11,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+import torch
 from transformers import TrainingArguments
 
 from .configuration import GaudiConfig
@@ -21,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 DISTRIBUTION_STRATEGIES = ("ddp", "fast_ddp")
 HALF_PRECISION_BACKENDS = ("auto", "hpu_amp", "cpu_amp")
+FAST_DDP_DTYPES = ("auto", "float32", "bfloat16")
 
 
 class GaudiArgumentError(ValueError):
@@ -64,6 +66,13 @@ class GaudiTrainingArguments(TrainingArguments):
             "choices": list(DISTRIBUTION_STRATEGIES),
         },
     )
+    fast_ddp_dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "fast_ddp fusion-buffer dtype: 'auto' (bf16 on HPU, float32 elsewhere), 'float32' or 'bfloat16'.",
+            "choices": list(FAST_DDP_DTYPES),
+        },
+    )
     throughput_warmup_steps: int = field(
         default=0, metadata={"help": "First optimizer steps left out of the throughput (compilation, warm-up)."}
     )
@@ -105,6 +114,14 @@ class GaudiTrainingArguments(TrainingArguments):
         if self.non_blocking_data_copy:
             self.accelerator_config.non_blocking = True
 
+    @property
+    def fast_ddp_torch_dtype(self) -> torch.dtype:
+        """The fusion buffer's dtype: bf16 on HPU unless asked otherwise (half the bytes on the wire)."""
+        name = self.fast_ddp_dtype
+        if name == "auto":
+            name = self.gaudi_device.fast_ddp_dtype
+        return getattr(torch, name)
+
     # ---- checks -------------------------------------------------------------------------------------
 
     def _validate_gaudi_flags(self) -> None:
@@ -115,6 +132,8 @@ class GaudiTrainingArguments(TrainingArguments):
             fail(
                 f"--distribution_strategy must be one of {', '.join(DISTRIBUTION_STRATEGIES)}, got '{self.distribution_strategy}'."
             )
+        if self.fast_ddp_dtype not in FAST_DDP_DTYPES:
+            fail(f"--fast_ddp_dtype must be one of {', '.join(FAST_DDP_DTYPES)}, got '{self.fast_ddp_dtype}'.")
         if self.half_precision_backend not in HALF_PRECISION_BACKENDS:
             fail(
                 f"--half_precision_backend must be one of {', '.join(HALF_PRECISION_BACKENDS)}, got '{self.half_precision_backend}'."

@@ -29,6 +29,7 @@ class Device:
     type: ClassVar[str]
     ddp_backend: ClassVar[str]
     compile_backend: ClassVar[str] = "inductor"
+    fast_ddp_dtype: ClassVar[str] = "float32"  # dtype of the fast_ddp fusion buffer by default
     behaviour: ClassVar[dict[str, str]]
 
     def torch_device(self) -> torch.device:

@@ -82,6 +82,7 @@ class HPUDevice(Device):
     type = "hpu"
     ddp_backend = "hccl"
     compile_backend = "hpu_backend"
+    fast_ddp_dtype = "bfloat16"
     behaviour = {
         "use_habana": "Gaudi device hpu",
         "use_lazy_mode": "PT_HPU_LAZY_MODE=1, mark_step() after backward and optimizer step",

@@ -1,0 +1,1 @@
+"""Multi-card training: the fast_ddp gradient all-reduce and the multi-process launcher."""
