@@ -32,7 +32,7 @@ class CPUDevice(Device):
         "use_hpu_graphs_for_inference": "no-op on CPU",
         "use_fused_adam": "torch.optim.AdamW(fused=True)",
         "use_fused_clip_norm": "foreach clip_grad_norm_",
-        "use_torch_autocast": "torch.autocast('cpu', bfloat16)",
+        "use_torch_autocast": "bf16 on exactly the config's op lists (torch.autocast('cpu') without lists)",
         "distribution_strategy": "gloo process group",
         "torch_compile": "inductor backend",
     }
