@@ -1,0 +1,62 @@
+"""Shared pieces of the benchmarks: the embedded data, a step clock that skips warm-up, table output."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
+
+from optimum_gaudi.data import default_datasets, default_tokenizer, tokenize_and_group
+
+BLOCK_SIZE = 128
+
+
+def lm_data(train_blocks: int, eval_blocks: int):
+    """Blocks of the embedded corpus: the same tokens for every variant, so losses compare."""
+    tokenizer = default_tokenizer()
+    blocks = tokenize_and_group(default_datasets(), tokenizer, BLOCK_SIZE)
+    train = blocks["train"].select(range(train_blocks))
+    valid = blocks["validation"].select(range(eval_blocks))
+    return tokenizer, train, valid
+
+
+def gpt2(tokenizer, n_layer: int, n_embd: int, n_head: int, seed: int = 0) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=len(tokenizer), n_positions=BLOCK_SIZE, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    return GPT2LMHeadModel(config)
+
+
+class StepClock(TrainerCallback):
+    """Wall time of the optimizer steps after the first `warmup` (compilation, allocator growth)."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = warmup
+        self.start: float | None = None
+        self.end: float | None = None
+        self.steps = 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.perf_counter()
+        if state.global_step == self.warmup:
+            self.start = now
+        elif state.global_step > self.warmup:
+            self.end, self.steps = now, state.global_step - self.warmup
+
+    @property
+    def seconds_per_step(self) -> float:
+        return (self.end - self.start) / self.steps
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
