@@ -44,7 +44,11 @@ def export_autocast_op_lists(bf16_ops: list[str] | None, fp32_ops: list[str] | N
     for env, ops in ((BF16_LIST_ENV, bf16_ops), (FP32_LIST_ENV, fp32_ops)):
         if ops:
             text = "\n".join(ops) + "\n"
-            path = Path(tempfile.gettempdir()) / "optimum_gaudi" / f"{hashlib.sha1(text.encode()).hexdigest()[:16]}.txt"
+            path = (
+                Path(tempfile.gettempdir())
+                / "optimum-gaudi-op-lists"
+                / f"{hashlib.sha1(text.encode()).hexdigest()[:16]}.txt"
+            )
             if not path.is_file():
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_suffix(f".{os.getpid()}.tmp")

@@ -1,0 +1,486 @@
+#!/usr/bin/env python
+"""Causal language modeling (GPT-2, Llama, ...) with GaudiTrainer, from a Hub model or from scratch.
+
+The command line is the one people know from transformers' run_clm.py plus every GaudiTrainingArguments flag,
+so the same command runs on a Gaudi, a GPU or a laptop CPU. With no dataset and no tokenizer it trains on the
+embedded default corpus and tokenizer (optimum_gaudi.data), so it works offline out of the box:
+
+    python examples/language-modeling/run_clm.py --model_type gpt2 \
+        --config_overrides n_layer=2,n_embd=128,n_head=4 --do_train --do_eval \
+        --use_habana --use_lazy_mode --gaudi_config_name Habana/gpt2 --bf16 --max_steps 20 --output_dir /tmp/clm
+
+A single argument ending in .json is read as a file holding all the arguments.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+import transformers
+from datasets import DatasetDict, load_dataset
+from transformers import (
+    CONFIG_MAPPING,
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    HfArgumentParser,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    default_data_collator,
+    set_seed,
+)
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from optimum_gaudi import GaudiConfigError, GaudiTrainer, GaudiTrainingArguments
+from optimum_gaudi.data import default_datasets, default_tokenizer, tokenize_and_group
+from optimum_gaudi.devices import NoGaudiError
+from optimum_gaudi.hub import HubUnavailableError, require_hub
+
+logger = logging.getLogger(__name__)
+
+MODEL_TYPES = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+DEFAULT_CORPUS_BLOCK_SIZE = 128  # the embedded corpus is small: short blocks give more of them
+_FILE_BUILDERS = {"txt": "text", "json": "json", "jsonl": "json", "csv": "csv"}
+
+
+class UsageError(ValueError):
+    """Something in the command line that cannot work; reported as one line, without a traceback."""
+
+
+# Errors caused by what the user asked for: reported as `error: ...`, exit status 1.
+USER_ERRORS = (UsageError, GaudiConfigError, HubUnavailableError, NoGaudiError)
+
+
+@dataclass
+class ModelArguments:
+    """Which model, config and tokenizer to start from."""
+
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Pretrained model (local directory or Hub name). Unset: train from scratch."}
+    )
+    model_type: str | None = field(
+        default=None, metadata={"help": "Model type to train from scratch.", "choices": MODEL_TYPES}
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={"help": "Config values when training from scratch, e.g. n_layer=2,n_embd=128,resid_pdrop=0.2"},
+    )
+    config_name: str | None = field(default=None, metadata={"help": "Config name or path, if not the model's."})
+    tokenizer_name: str | None = field(
+        default=None, metadata={"help": "Tokenizer name or path. Unset with no model: the embedded tokenizer."}
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "Where downloads from the Hub are stored."})
+    use_fast_tokenizer: bool = field(default=True, metadata={"help": "Use a fast (tokenizers-backed) tokenizer."})
+    model_revision: str = field(default="main", metadata={"help": "Hub revision: branch, tag or commit."})
+    token: str | None = field(default=None, metadata={"help": "Hub token for private models and datasets."})
+    trust_remote_code: bool = field(default=False, metadata={"help": "Allow model code from the Hub repository."})
+    torch_dtype: str | None = field(
+        default=None,
+        metadata={
+            "help": "dtype to load a pretrained model in ('auto': the checkpoint's).",
+            "choices": ["auto", "bfloat16", "float16", "float32"],
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.config_overrides and self.model_name_or_path:
+            raise UsageError(
+                "--config_overrides applies when training from scratch; drop it or drop --model_name_or_path."
+            )
+
+
+@dataclass
+class DataTrainingArguments:
+    """Which text to train and evaluate on, and how to cut it into blocks."""
+
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "Dataset for datasets.load_dataset (Hub name or local directory)."}
+    )
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Configuration of the dataset."})
+    train_file: str | None = field(default=None, metadata={"help": "Local training text: .txt, .json, .jsonl, .csv"})
+    validation_file: str | None = field(
+        default=None, metadata={"help": "Local evaluation text: .txt, .json, .jsonl, .csv"}
+    )
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use at most this many training blocks."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Use at most this many evaluation blocks."})
+    block_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Tokens per training block. Default: 128 on the embedded corpus, else "
+            "min(tokenizer max length, 1024), capped at the model's positions."
+        },
+    )
+    validation_split_percentage: int = field(
+        default=5, metadata={"help": "Percent of the training texts held out when there is no validation split."}
+    )
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
+    overwrite_cache: bool = field(default=False, metadata={"help": "Recompute the cached tokenized datasets."})
+    keep_linebreaks: bool = field(default=True, metadata={"help": "Keep line breaks in .txt files."})
+
+    def __post_init__(self) -> None:
+        if self.validation_file and not self.train_file:
+            raise UsageError("--validation_file needs --train_file.")
+        if self.dataset_name and self.train_file:
+            raise UsageError("give either --dataset_name or --train_file, not both.")
+        for flag, path in (("--train_file", self.train_file), ("--validation_file", self.validation_file)):
+            if path is None:
+                continue
+            if _extension(path) not in _FILE_BUILDERS:
+                raise UsageError(f"{flag} {path}: unsupported extension; use one of .{', .'.join(_FILE_BUILDERS)}.")
+            if not Path(path).is_file():
+                raise UsageError(f"{flag} {path} does not exist.")
+        if not 0 <= self.validation_split_percentage < 100:
+            raise UsageError(
+                f"--validation_split_percentage must be in [0, 100), got {self.validation_split_percentage}."
+            )
+        if self.block_size is not None and self.block_size < 1:
+            raise UsageError(f"--block_size must be >= 1, got {self.block_size}.")
+
+    @property
+    def uses_default_corpus(self) -> bool:
+        return not (self.dataset_name or self.train_file)
+
+
+def _extension(path: str) -> str:
+    return Path(path).suffix.lower().lstrip(".")
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataTrainingArguments, GaudiTrainingArguments]:
+    """Parse the command line (or one .json file holding every argument) into the three argument groups."""
+    parser = HfArgumentParser((ModelArguments, DataTrainingArguments, GaudiTrainingArguments))
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
+    return parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+
+
+# ---- loading -------------------------------------------------------------------------------------------
+
+
+def _require_reachable(what: str, name_or_path: str | None) -> None:
+    """A name that is not a local path needs the Hub: fail in seconds with one line when it is out of reach."""
+    if name_or_path and not Path(name_or_path).expanduser().exists():
+        hint = f"Use a local path for the {what}, or leave it unset for the embedded default."
+        require_hub(f"{what} '{name_or_path}'", hint)
+
+
+def check_hub_names(model_args: ModelArguments, data_args: DataTrainingArguments) -> None:
+    """Check every name on the command line before loading anything, so the error comes first, not last."""
+    _require_reachable("model", model_args.model_name_or_path)
+    _require_reachable("config", model_args.config_name)
+    _require_reachable("tokenizer", model_args.tokenizer_name)
+    _require_reachable("dataset", data_args.dataset_name)
+
+
+def _from_pretrained(loader: Any, name_or_path: str, what: str, /, **kwargs: Any) -> Any:
+    """`loader(name_or_path)`, failing in one line when the Hub is out of reach or the files do not load."""
+    _require_reachable(what, name_or_path)
+    try:
+        return loader(name_or_path, **kwargs)
+    except (OSError, ValueError) as e:  # missing or unusable files: the loaders raise one or the other
+        reason = str(e).strip().splitlines()[0].rstrip(" :")
+        raise UsageError(f"cannot load {what} '{name_or_path}': {reason}") from None
+
+
+def _hub_kwargs(model_args: ModelArguments) -> dict[str, Any]:
+    return {
+        "cache_dir": model_args.cache_dir,
+        "revision": model_args.model_revision,
+        "token": model_args.token,
+        "trust_remote_code": model_args.trust_remote_code,
+    }
+
+
+def _with_validation_split(raw: DatasetDict, percentage: int, seed: int) -> DatasetDict:
+    if "validation" in raw or percentage == 0:
+        return raw
+    split = raw["train"].train_test_split(test_size=percentage / 100, seed=seed)
+    return DatasetDict(train=split["train"], validation=split["test"])
+
+
+def load_raw_datasets(data_args: DataTrainingArguments, model_args: ModelArguments, seed: int) -> DatasetDict:
+    """Train/validation texts from a dataset, local files, or the embedded default corpus."""
+    if data_args.uses_default_corpus:
+        if data_args.validation_split_percentage == 0:
+            raise UsageError("the embedded corpus needs --validation_split_percentage > 0.")
+        return default_datasets(validation_fraction=data_args.validation_split_percentage / 100, seed=seed)
+    if data_args.dataset_name:
+        raw = _from_pretrained(
+            load_dataset,
+            data_args.dataset_name,
+            "dataset",
+            name=data_args.dataset_config_name,
+            cache_dir=model_args.cache_dir,
+            token=model_args.token,
+        )
+    else:
+        files = {"train": data_args.train_file}
+        if data_args.validation_file:
+            files["validation"] = data_args.validation_file
+        kinds = {_FILE_BUILDERS[_extension(path)] for path in files.values()}
+        if len(kinds) > 1:
+            raise UsageError("--train_file and --validation_file must be the same kind of file (text, json or csv).")
+        builder = kinds.pop()
+        extra = {"keep_linebreaks": data_args.keep_linebreaks} if builder == "text" else {}
+        raw = load_dataset(builder, data_files=files, cache_dir=model_args.cache_dir, **extra)
+    if "train" not in raw:
+        raise UsageError(f"the dataset has no 'train' split (it has: {', '.join(raw)}).")
+    return _with_validation_split(raw, data_args.validation_split_percentage, seed)
+
+
+def load_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
+    """The named tokenizer, the model's, or (training from scratch with none named) the embedded one."""
+    name = model_args.tokenizer_name or model_args.model_name_or_path
+    if name is None:
+        return default_tokenizer()
+    return _from_pretrained(
+        AutoTokenizer.from_pretrained,
+        name,
+        "tokenizer",
+        use_fast=model_args.use_fast_tokenizer,
+        **_hub_kwargs(model_args),
+    )
+
+
+def parse_config_overrides(config: PretrainedConfig, overrides: str) -> dict[str, Any]:
+    """Parse ``key=value,key=value`` against `config`, typing each value like the value it replaces."""
+    known = config.to_dict()
+    parsed: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in overrides.split(","))):
+        key, sep, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep or not key:
+            raise UsageError(f"--config_overrides: '{item}' is not key=value (e.g. n_layer=2,n_embd=128).")
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise UsageError(f"--config_overrides: {config.model_type} config has no key '{key}'{hint}")
+        try:
+            parsed[key] = _typed_like(known[key], raw)
+        except ValueError:
+            kind = type(known[key]).__name__
+            raise UsageError(f"--config_overrides: {key} must be of type {kind}, got '{raw}'.") from None
+    return parsed
+
+
+def _typed_like(old: Any, raw: str) -> Any:
+    if isinstance(old, bool):
+        if raw.lower() not in {"true", "false", "1", "0"}:
+            raise ValueError(raw)
+        return raw.lower() in {"true", "1"}
+    if isinstance(old, (int, float, str)):
+        return type(old)(raw)
+    try:  # None, lists, dicts: JSON, else a plain string
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def load_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> tuple[PretrainedConfig, set[str]]:
+    """The model config, matched to the tokenizer when training from scratch; also the keys the user set."""
+    if model_args.config_name or model_args.model_name_or_path:
+        name = model_args.config_name or model_args.model_name_or_path
+        config = _from_pretrained(AutoConfig.from_pretrained, name, "config", **_hub_kwargs(model_args))
+    elif model_args.model_type:
+        config = CONFIG_MAPPING[model_args.model_type]()
+    else:
+        raise UsageError("give --model_name_or_path (fine-tune), or --model_type or --config_name (from scratch).")
+    if model_args.model_name_or_path:
+        return config, set()
+    # From scratch: the embedding must cover the tokenizer, and generation must know its special tokens.
+    config.vocab_size = len(tokenizer)
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if getattr(tokenizer, attr) is not None:
+            setattr(config, attr, getattr(tokenizer, attr))
+    overrides = parse_config_overrides(config, model_args.config_overrides or "")
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    if overrides:
+        logger.info("Config overrides: %s", overrides)
+    return config, set(overrides)
+
+
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
+
+
+def resolve_block_size(
+    data_args: DataTrainingArguments,
+    tokenizer: PreTrainedTokenizerBase,
+    config: PretrainedConfig,
+    from_scratch: bool,
+    user_keys: set[str],
+) -> int:
+    """The block size asked for, or a default that fits the model; from scratch, positions grow to fit."""
+    requested = data_args.block_size
+    if requested is None:
+        requested = (
+            DEFAULT_CORPUS_BLOCK_SIZE if data_args.uses_default_corpus else min(tokenizer.model_max_length, 1024)
+        )
+    key = next((k for k in _POSITION_KEYS if isinstance(getattr(config, k, None), int)), None)
+    limit = getattr(config, key) if key else None
+    if limit is None or requested <= limit:
+        return requested
+    if from_scratch and not user_keys.intersection(_POSITION_KEYS):
+        logger.info("Raising %s from %d to the block size %d.", key, limit, requested)
+        setattr(config, key, requested)
+        return requested
+    if data_args.block_size is None:
+        return limit
+    raise UsageError(f"--block_size {requested} is longer than the model's {key}={limit}; lower --block_size.")
+
+
+def load_model(
+    model_args: ModelArguments, config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase
+) -> PreTrainedModel:
+    """The pretrained model, or a new one from `config`; embeddings resized if the tokenizer is larger."""
+    if model_args.model_name_or_path:
+        dtype = {"dtype": model_args.torch_dtype} if model_args.torch_dtype else {}
+        model = _from_pretrained(
+            AutoModelForCausalLM.from_pretrained,
+            model_args.model_name_or_path,
+            "model",
+            config=config,
+            **dtype,
+            **_hub_kwargs(model_args),
+        )
+    else:
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=model_args.trust_remote_code)
+        n_params = sum(p.numel() for p in model.parameters())
+        logger.info("Training a new %s model from scratch: %.2fM parameters.", config.model_type, n_params / 1e6)
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer))
+    return model
+
+
+# ---- training ------------------------------------------------------------------------------------------
+
+
+def build_trainer(
+    model_args: ModelArguments, data_args: DataTrainingArguments, training_args: GaudiTrainingArguments
+) -> GaudiTrainer:
+    """Everything up to a ready GaudiTrainer: data, tokenizer, config, model, tokenized blocks."""
+    if training_args.push_to_hub:
+        require_hub("--push_to_hub", "Drop --push_to_hub to keep the model in --output_dir only.")
+    if not (training_args.do_train or training_args.do_eval):
+        raise UsageError("nothing to do: add --do_train and/or --do_eval.")
+    check_hub_names(model_args, data_args)
+    logger.info("Device: %s", training_args.gaudi_device.describe())
+    set_seed(training_args.seed)  # before the model is built: a new model's weights depend on it
+    raw = load_raw_datasets(data_args, model_args, training_args.seed)
+    logger.info("Texts: %s", {split: len(texts) for split, texts in raw.items()})
+    if training_args.do_eval and "validation" not in raw:
+        raise UsageError("--do_eval needs validation data: --validation_file or --validation_split_percentage > 0.")
+    tokenizer = load_tokenizer(model_args)
+    config, user_keys = load_config(model_args, tokenizer)
+    from_scratch = model_args.model_name_or_path is None
+    block_size = resolve_block_size(data_args, tokenizer, config, from_scratch, user_keys)
+    model = load_model(model_args, config, tokenizer)
+
+    with training_args.main_process_first(desc="tokenizing"):
+        blocks = tokenize_and_group(
+            raw,
+            tokenizer,
+            block_size,
+            num_proc=data_args.preprocessing_num_workers,
+            load_from_cache_file=not data_args.overwrite_cache,
+        )
+    logger.info("Blocks of %d tokens: %s", block_size, {split: len(b) for split, b in blocks.items()})
+    train_dataset = _take(blocks, "train", data_args.max_train_samples, block_size) if training_args.do_train else None
+    eval_dataset = (
+        _take(blocks, "validation", data_args.max_eval_samples, block_size) if training_args.do_eval else None
+    )
+    return GaudiTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        data_collator=default_data_collator,  # blocks are equal-length already: no padding
+    )
+
+
+def _take(blocks: DatasetDict, split: str, limit: int | None, block_size: int) -> datasets.Dataset:
+    dataset = blocks[split]
+    if len(dataset) == 0:
+        raise UsageError(f"the {split} text has fewer than --block_size={block_size} tokens; lower --block_size.")
+    return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
+
+
+def evaluate_perplexity(trainer: GaudiTrainer, prefix: str = "eval") -> dict[str, float]:
+    """trainer.evaluate() plus ``perplexity`` = exp(eval loss) and the number of evaluation blocks."""
+    metrics = trainer.evaluate(metric_key_prefix=prefix)
+    try:
+        metrics["perplexity"] = math.exp(metrics[f"{prefix}_loss"])
+    except OverflowError:
+        metrics["perplexity"] = float("inf")
+    metrics[f"{prefix}_samples"] = len(trainer.eval_dataset)
+    return metrics
+
+
+def _resume_arg(value: str | None) -> str | bool | None:
+    """`--resume_from_checkpoint true` (or `last`) resumes from the newest checkpoint in --output_dir."""
+    if value is not None and value.strip().lower() in {"true", "last"}:
+        return True
+    return value
+
+
+def train_and_evaluate(trainer: GaudiTrainer) -> dict[str, float]:
+    """Train and/or evaluate as the arguments ask; save model, tokenizer, Gaudi config, metrics and state."""
+    args = trainer.args
+    metrics: dict[str, float] = {}
+    if args.do_train:
+        result = trainer.train(resume_from_checkpoint=_resume_arg(args.resume_from_checkpoint))
+        trainer.save_model()  # also the tokenizer and gaudi_config.json
+        train_metrics = {**result.metrics, "train_samples": len(trainer.train_dataset)}
+        trainer.log_metrics("train", train_metrics)
+        trainer.save_metrics("train", train_metrics)
+        trainer.save_state()
+        metrics.update(train_metrics)
+    if args.do_eval:
+        eval_metrics = evaluate_perplexity(trainer)
+        trainer.log_metrics("eval", eval_metrics)
+        trainer.save_metrics("eval", eval_metrics)
+        metrics.update(eval_metrics)
+    return metrics
+
+
+def setup_logging(training_args: GaudiTrainingArguments) -> None:
+    """This script's own messages at INFO on the main process; the libraries at --log_level (default warning)."""
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        datefmt="%H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    level = training_args.get_process_log_level()
+    logger.setLevel(min(level, logging.INFO) if training_args.should_log else level)
+    datasets.utils.logging.set_verbosity(level)
+    transformers.utils.logging.set_verbosity(level)
+    transformers.utils.logging.enable_explicit_format()
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    try:
+        # Argument dataclasses validate in __post_init__: any ValueError there is a command-line mistake.
+        try:
+            model_args, data_args, training_args = parse_args(argv)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        setup_logging(training_args)
+        trainer = build_trainer(model_args, data_args, training_args)
+    except USER_ERRORS as e:
+        raise SystemExit(f"error: {e}") from None
+    return train_and_evaluate(trainer)
+
+
+if __name__ == "__main__":
+    main()
