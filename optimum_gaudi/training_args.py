@@ -7,6 +7,7 @@ before a model is ever loaded.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from dataclasses import dataclass, field
@@ -149,6 +150,11 @@ class GaudiTrainingArguments(TrainingArguments):
             fail(
                 f"--distribution_strategy fast_ddp replaces DDP and cannot be combined with {engine}; use the default 'ddp' strategy with {engine}."
             )
+        if self.deepspeed and importlib.util.find_spec("deepspeed") is None:
+            fail("--deepspeed needs DeepSpeed: pip install deepspeed (on a Gaudi, Habana's DeepSpeed fork).")
+        if isinstance(self.deepspeed, str) and not self.deepspeed.lstrip().startswith("{"):
+            if not os.path.isfile(self.deepspeed):
+                fail(f"--deepspeed {self.deepspeed}: no such file; pass a DeepSpeed JSON config.")
         if self.pipelining_fwd_bwd and not self.use_lazy_mode:
             fail(
                 "--pipelining_fwd_bwd adds a mark_step in lazy mode only; add --use_lazy_mode or drop --pipelining_fwd_bwd."

@@ -86,6 +86,7 @@ def test_cli_rejects_unknown_strategy(tmp_path, capsys):
         ),
         ({"distribution_strategy": "fast_ddp", "fsdp": "full_shard"}, "fast_ddp.*--fsdp"),
         ({"pipelining_fwd_bwd": True}, "--pipelining_fwd_bwd .*add --use_lazy_mode"),
+        ({"fast_ddp_dtype": "int8"}, "--fast_ddp_dtype must be one of auto, float32, bfloat16"),
         (
             {"torch_compile": True, "use_hpu_graphs_for_training": True},
             "--torch_compile cannot be combined with HPU Graphs",
@@ -143,3 +144,22 @@ def test_torch_compile_backend_follows_the_device(tmp_path):
 def test_torch_compile_uses_hpu_backend_on_a_gaudi(tmp_path, bridge):
     args = make(tmp_path, torch_compile=True, use_habana=True)
     assert args.gaudi_device.type == "hpu" and args.torch_compile_backend == "hpu_backend"
+
+
+def test_deepspeed_without_the_package_is_a_clear_error(tmp_path, monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "deepspeed" else real_find_spec(n, *a))
+    config = tmp_path / "ds.json"
+    config.write_text("{}")
+    with pytest.raises(GaudiArgumentError, match="--deepspeed needs DeepSpeed: pip install deepspeed"):
+        make(tmp_path, deepspeed=str(config))
+
+
+def test_deepspeed_config_path_must_exist(tmp_path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object())
+    with pytest.raises(GaudiArgumentError, match="no such file"):
+        make(tmp_path, deepspeed=str(tmp_path / "nope.json"))
