@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from benchmarks import train_speed  # noqa: E402
+from benchmarks import allreduce_model, distributed, train_speed  # noqa: E402
 
 HEADER = """# Benchmarks
 
@@ -29,12 +29,22 @@ def main() -> None:
     quick = os.environ.get("BENCH_QUICK") == "1"  # a smoke run of the benchmark code, not for the docs
     start = time.time()
     print("== training speed: GaudiTrainer vs transformers.Trainer")
-    speed = train_speed.run(repeats=1 if quick else 3, steps=8 if quick else 30, warmup=2 if quick else 5)
+    repeats, steps, warmup = (1, 8, 2) if quick else (3, 30, 5)
+    speed = train_speed.run(repeats=repeats, steps=steps, warmup=warmup)
+    print("== distributed: fast_ddp vs ddp on 2 gloo processes")
+    dist = distributed.run(repeats=repeats, steps=steps, warmup=warmup)
+    print("== all-reduce cost model")
+    model = allreduce_model.run()
     header = HEADER.format(
         date=time.strftime("%Y-%m-%d"), machine=platform.processor() or platform.machine(),
         cpus=os.cpu_count(), torch=torch.__version__, threads=threads,
     )  # fmt: skip
-    body = f"{header}\n## Training speed on this CPU\n\n{speed}\n\nTotal benchmark time: {time.time() - start:.0f} s.\n"
+    body = (
+        f"{header}\n## Training speed on this CPU\n\n{speed}\n\n"
+        f"## Distributed: fast_ddp and DDP on 2 CPU processes\n\n{dist}\n\n"
+        f"## All-reduce at scale: an alpha-beta estimate\n\n{model}\n\n"
+        f"Total benchmark time: {time.time() - start:.0f} s.\n"
+    )
     if quick:
         print(body)
         return
