@@ -2,6 +2,8 @@
 
     optimum-gaudi env                      what to paste into a bug report
     optimum-gaudi plot OUTPUT_DIR [--out]  a PNG of a run's loss, learning rate, throughput, memory
+    optimum-gaudi launch [--world_size N] [--nnodes N ...] SCRIPT ARGS...
+                                           run SCRIPT on N processes per node (torchrun, deepspeed or mpirun)
 
 Each subcommand is one ``add_*`` function that adds its parser and sets ``run`` to a function taking the
 parsed arguments and returning the exit code; list it in ``COMMANDS``. A run function reports a problem the
@@ -136,9 +138,35 @@ def add_plot(subparsers) -> None:
     parser.set_defaults(run=_run_plot)
 
 
+# ---- launch -----------------------------------------------------------------------------------------------
+
+
+def _run_launch(args: argparse.Namespace) -> int:
+    from .distributed.launch import LaunchError, launch
+
+    try:
+        return launch(args)
+    except LaunchError as e:
+        raise CommandError(str(e)) from e
+
+
+def add_launch(subparsers) -> None:
+    from .distributed import launch
+
+    parser = subparsers.add_parser(
+        "launch",
+        help="run a training script on several processes, cards or nodes",
+        description=launch.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # an abbreviation before SCRIPT would silently become a launcher option
+    )
+    launch.add_arguments(parser)
+    parser.set_defaults(run=_run_launch)
+
+
 # ---- entry point ------------------------------------------------------------------------------------------
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_env, add_plot]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_env, add_plot, add_launch]
 
 
 def build_parser() -> argparse.ArgumentParser:
