@@ -107,8 +107,9 @@ class GaudiTrainingArguments(TrainingArguments):
         self.autocast_device: Device = CPUDevice() if self.half_precision_backend == "cpu_amp" else self.gaudi_device
         if self.gaudi_device.type == "cpu":
             self.use_cpu = True  # lets transformers accept --bf16 on CPU instead of demanding a GPU
-        if self.ddp_backend is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            self.ddp_backend = self.gaudi_device.ddp_backend
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched on several processes
+            self.ddp_backend = self.ddp_backend or self.gaudi_device.ddp_backend
+            self.gaudi_device.register_ddp_backend()
         if self.torch_compile and self.torch_compile_backend is None:
             self.torch_compile_backend = self.gaudi_device.compile_backend
         super().__post_init__()

@@ -38,6 +38,9 @@ class Device:
     def count(self) -> int:
         return 1
 
+    def register_ddp_backend(self) -> None:
+        """Make `ddp_backend` known to torch.distributed before the process group starts."""
+
     def mark_step(self) -> None:
         """Flush the queued lazy graph; only a lazy-mode device has anything to do."""
 

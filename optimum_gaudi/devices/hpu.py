@@ -106,6 +106,9 @@ class HPUDevice(Device):
     def count(self) -> int:
         return int(importlib.import_module("habana_frameworks.torch.hpu").device_count())
 
+    def register_ddp_backend(self) -> None:
+        importlib.import_module("habana_frameworks.torch.distributed.hccl")  # registers the 'hccl' backend
+
     def mark_step(self) -> None:
         importlib.import_module("habana_frameworks.torch.core").mark_step()
 
