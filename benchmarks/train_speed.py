@@ -46,9 +46,10 @@ def run_once(variant: str, model_kwargs: dict, data, steps: int, warmup: int, ba
     return batch * BLOCK_SIZE / clock.seconds_per_step, eval_loss
 
 
-def run(repeats: int = 3, steps: int = 30, warmup: int = 5, batch: int = 16, log=print) -> str:
+def run(repeats: int = 3, steps: int = 30, warmup: int = 5, batch: int = 16, log=print) -> tuple[str, dict]:
+    """Markdown tables, and per model the medians {variant: (tokens/s, eval loss)} for the target check."""
     data = lm_data(train_blocks=steps * batch, eval_blocks=64)
-    sections = []
+    sections, medians = [], {}
     for model_name, model_kwargs in MODELS.items():
         speeds = {v: [] for v in VARIANTS}
         losses = {v: [] for v in VARIANTS}
@@ -58,6 +59,7 @@ def run(repeats: int = 3, steps: int = 30, warmup: int = 5, batch: int = 16, log
                 speeds[variant].append(tps)
                 losses[variant].append(loss)
                 log(f"  {model_name} {variant} run {r + 1}: {tps:,.0f} tokens/s, eval loss {loss:.4f}")
+        medians[model_name] = {v: (median(speeds[v]), median(losses[v])) for v in VARIANTS}
         base, tuned = median(speeds["trainer_fp32"]), median(speeds["trainer_bf16"])
         rows = []
         for variant in VARIANTS:
@@ -71,4 +73,4 @@ def run(repeats: int = 3, steps: int = 30, warmup: int = 5, batch: int = 16, log
         )
         sections.append(f"### GPT-2 {model_name}, batch {batch} x {BLOCK_SIZE} tokens, {repeats} runs each\n\n{table}")
         log(sections[-1])
-    return "\n\n".join(sections)
+    return "\n\n".join(sections), medians
