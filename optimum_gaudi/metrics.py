@@ -23,6 +23,7 @@ class ThroughputCallback(TrainerCallback):
         self._first_step: int | None = None
         self._clock_step: int | None = None
         self._clock_time: float | None = None
+        self._last_log: tuple[int, float, int] = (0, 0.0, 0)
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._first_step = state.global_step
@@ -36,6 +37,19 @@ class ThroughputCallback(TrainerCallback):
 
     def _start(self, step: int) -> None:
         self._clock_step, self._clock_time, self.tokens = step, time.time(), 0
+        self._last_log = (step, self._clock_time, 0)
+
+    def interval(self, global_step: int, total_batch_size: int, world_size: int) -> dict[str, float]:
+        """Throughput since the previous training log (nothing during warm-up), so it can be plotted."""
+        if self._clock_time is None or global_step <= self._last_log[0]:
+            return {}
+        step, then, tokens = self._last_log
+        now = time.time()
+        self._last_log = (global_step, now, self.tokens)
+        rates = {"interval_samples_per_second": round((global_step - step) * total_batch_size / (now - then), 3)}
+        if self.tokens > tokens:
+            rates["interval_tokens_per_second"] = round((self.tokens - tokens) * world_size / (now - then), 3)
+        return rates
 
     def count_tokens(self, inputs: dict) -> None:
         ids = inputs.get("input_ids") if isinstance(inputs, dict) else None

@@ -107,14 +107,13 @@ class GaudiTrainer(Trainer):
         if training and self._use_fast_ddp() and not isinstance(model, FastDDPModel):
             model = self._wrap_for_fast_ddp(model)
         # The device wrappers patch the module in place; wrap each module once across train/evaluate calls.
-        if training and self.args.use_hpu_graphs_for_training and (training, id(model)) not in self._graph_wrapped:
+        graphs = self.args.use_hpu_graphs_for_training if training else self.args.use_hpu_graphs_for_inference
+        if graphs and (training, id(model)) not in self._graph_wrapped:
             self._graph_wrapped.add((training, id(model)))
-            model = self.gaudi_device.wrap_for_training(model, self.args.max_hpu_graphs)
-        elif (
-            not training and self.args.use_hpu_graphs_for_inference and (training, id(model)) not in self._graph_wrapped
-        ):
-            self._graph_wrapped.add((training, id(model)))
-            model = self.gaudi_device.wrap_for_inference(model, self.args.disable_tensor_cache_hpu_graphs)
+            if training:
+                model = self.gaudi_device.wrap_for_training(model, self.args.max_hpu_graphs)
+            else:
+                model = self.gaudi_device.wrap_for_inference(model, self.args.disable_tensor_cache_hpu_graphs)
         return model
 
     def _use_fast_ddp(self) -> bool:
@@ -195,12 +194,13 @@ class GaudiTrainer(Trainer):
     # ---- logging ------------------------------------------------------------------------------------
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        batch, world = self.get_total_train_batch_size(self.args), self.args.world_size
         if "train_runtime" in logs:
-            self._throughput.rewrite(
-                logs, self.state.global_step, self.get_total_train_batch_size(self.args), self.args.world_size
-            )
-        elif "loss" in logs and self.is_world_process_zero():
-            logs.update(self.gaudi_device.memory_stats())
+            self._throughput.rewrite(logs, self.state.global_step, batch, world)
+        elif "loss" in logs:
+            logs.update(self._throughput.interval(self.state.global_step, batch, world))
+            if self.is_world_process_zero():
+                logs.update(self.gaudi_device.memory_stats())
         super().log(logs, start_time)
 
     # ---- saving -------------------------------------------------------------------------------------

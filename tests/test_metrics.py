@@ -60,3 +60,12 @@ def test_memory_is_logged_every_logging_step(tiny_gpt2, tiny_lm_data, tmp_path):
     assert len(train_logs) == 4
     for entry in train_logs:
         assert all(entry[k] > 0 for k in MEMORY_KEYS)
+
+
+def test_training_logs_carry_throughput_since_the_previous_log(tiny_gpt2, tiny_lm_data, tmp_path):
+    trainer, _ = run(tiny_gpt2, tiny_lm_data, tmp_path, warmup=3)
+    logs = {h["step"]: h for h in trainer.state.log_history if "loss" in h}
+    assert "interval_samples_per_second" not in logs[2]  # still warming up
+    # steps 3..4 include no sleep after the clock starts at step 3; samples = 4 per step
+    assert logs[4]["interval_samples_per_second"] > 4 / 0.4
+    assert logs[8]["interval_tokens_per_second"] == pytest.approx(logs[8]["interval_samples_per_second"] * 16, rel=0.05)
