@@ -19,7 +19,7 @@ from transformers import HfArgumentParser  # noqa: E402
 from benchmarks.common import StepClock, gpt2, lm_data  # noqa: E402
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments  # noqa: E402
 
-DEMO = dict(n_layer=4, n_embd=256, n_head=4)
+SMALL = dict(n_layer=4, n_embd=256, n_head=4)
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
         (args,) = HfArgumentParser(GaudiTrainingArguments).parse_args_into_dataclasses(common + flags)
         tokenizer, train, _ = lm_data(train_blocks=steps * 16, eval_blocks=1)
         clock = StepClock(warmup)
-        trainer = GaudiTrainer(model=gpt2(tokenizer, **DEMO), args=args, train_dataset=train, callbacks=[clock])
+        trainer = GaudiTrainer(model=gpt2(tokenizer, **SMALL), args=args, train_dataset=train, callbacks=[clock])
         trainer.train()
     if trainer.is_world_process_zero():
         loss = [h["loss"] for h in trainer.state.log_history if "loss" in h][-1]

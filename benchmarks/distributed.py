@@ -1,4 +1,4 @@
-"""fast_ddp against DDP on 2 CPU processes, and 2-process scaling, on the demo GPT-2 (global batch 16).
+"""fast_ddp against DDP on 2 CPU processes, and 2-process scaling, on a small GPT-2 (4x256) (global batch 16).
 
   single_2threads  1 process, 2 torch threads, batch 16
   ddp_2procs       2 gloo processes, 1 thread each, batch 8 each, DistributedDataParallel
@@ -65,5 +65,5 @@ def run(repeats: int = 3, steps: int = 30, warmup: int = 5, log=print) -> tuple[
     header = ["variant", "steps/s (median)", "vs ddp_2procs", "vs single process", f"train loss at step {steps}"]
     table = markdown_table(header, rows)
     log(table)
-    intro = f"GPT-2 demo (4x256), global batch 16 x 128 tokens, {repeats} runs each, {warmup} warm-up steps excluded."
+    intro = f"GPT-2 small (4x256), global batch 16 x 128 tokens, {repeats} runs each, {warmup} warm-up steps excluded."
     return f"{intro}\n\n{table}", speed

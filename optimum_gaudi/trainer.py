@@ -81,7 +81,9 @@ class GaudiTrainer(Trainer):
         if self._lazy_mark_step is not None:
             self.add_callback(_MarkStepAfterOptimizer(self._lazy_mark_step))
         if self.is_world_process_zero():
-            logger.warning("Gaudi features on this run:\n%s", feature_table(self.gaudi_device, args, self.gaudi_config))
+            table = feature_table(self.gaudi_device, args, self.gaudi_config)
+            flags = ", ".join(f"{k}={v}" for k, v in args.gaudi_flags().items())
+            logger.warning("Gaudi features on this run:\n%s\nGaudi arguments: %s", table, flags)
 
     def _select_autocast(self, args: GaudiTrainingArguments):
         """bf16 autocast from the Gaudi config's op lists, or from `use_torch_autocast` alone.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from transformers import TrainingArguments
@@ -24,6 +24,9 @@ logger = logging.getLogger(__name__)
 DISTRIBUTION_STRATEGIES = ("ddp", "fast_ddp")
 HALF_PRECISION_BACKENDS = ("auto", "hpu_amp", "cpu_amp")
 FAST_DDP_DTYPES = ("auto", "float32", "bfloat16")
+
+
+_HF_FIELDS = {f.name for f in fields(TrainingArguments)}
 
 
 class GaudiArgumentError(ValueError):
@@ -115,6 +118,10 @@ class GaudiTrainingArguments(TrainingArguments):
         super().__post_init__()
         if self.non_blocking_data_copy:
             self.accelerator_config.non_blocking = True
+
+    def gaudi_flags(self) -> dict[str, object]:
+        """The Gaudi flags and their values, for the run's log."""
+        return {f.name: getattr(self, f.name) for f in fields(GaudiTrainingArguments) if f.name not in _HF_FIELDS}
 
     @property
     def fast_ddp_torch_dtype(self) -> torch.dtype:

@@ -1,5 +1,6 @@
 """The HPU path end to end, on the simulated bridge in tests/fakes (a test double: no Gaudi here)."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -126,3 +127,14 @@ def test_op_lists_that_missed_the_import_are_a_clear_error(bridge, tmp_path, tin
     config = GaudiConfig(use_torch_autocast=True, autocast_bf16_ops=["linear"])
     with pytest.raises(RuntimeError, match="did not reach habana_frameworks before it was imported"):
         GaudiTrainer(model=tiny_gpt2(), args=args, gaudi_config=config)
+
+
+def test_profiler_and_memory_on_the_gaudi_path(bridge, tmp_path, tiny_gpt2, tiny_lm_data):
+    args = hpu_args(tmp_path, max_steps=3, profiling_warmup_steps=1, profiling_steps=1)
+    trainer = GaudiTrainer(model=tiny_gpt2(), args=args, train_dataset=tiny_lm_data)
+    trainer.train()
+    trace = json.loads((tmp_path / "profile_rank0.pt.trace.json").read_text())
+    assert any(e.get("name") == "ProfilerStep#0" for e in trace["traceEvents"])
+    memory = [h for h in trainer.state.log_history if "memory_allocated (GB)" in h]
+    assert len(memory) == 3 and "hpu.memory_stats" in bridge().names()
+    assert memory[0]["total_memory_available (GB)"] == 96.0  # the simulator's 'Limit'

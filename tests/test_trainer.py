@@ -134,3 +134,15 @@ def test_drop_last_drops_the_small_batch_instead(tiny_gpt2, tiny_lm_data, tmp_pa
         GaudiTrainer, tiny_gpt2, tiny_lm_data[:20], tmp_path, use_lazy_mode=True, dataloader_drop_last=True
     )
     assert shapes == [(8, 16), (8, 16)]
+
+
+def test_the_run_log_records_the_feature_table_and_every_gaudi_flag(tiny_gpt2, tmp_path, caplog):
+    import logging
+
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), report_to=[], throughput_warmup_steps=2, use_lazy_mode=True)
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        GaudiTrainer(model=tiny_gpt2(), args=args)
+    (record,) = [r.getMessage() for r in caplog.records if "Gaudi features on this run" in r.getMessage()]
+    assert "use_lazy_mode                 on" in record
+    for flag, value in args.gaudi_flags().items():
+        assert f"{flag}={value}" in record
