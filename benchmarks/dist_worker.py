@@ -1,4 +1,4 @@
-"""One training run of the demo GPT-2 for benchmarks/distributed.py; started directly or under torchrun.
+"""One training run of a small GPT-2 (4x256) for benchmarks/distributed.py; started directly or under torchrun.
 
 `dist_worker.py OUT.json STEPS WARMUP [GaudiTrainingArguments flags...]`: rank 0 writes steps/s after
 warm-up and the final training loss.
