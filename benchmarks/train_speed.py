@@ -17,6 +17,7 @@ from benchmarks.common import BLOCK_SIZE, StepClock, gpt2, lm_data, markdown_tab
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 
 MODELS = {
+    "demo (2x128)": dict(n_layer=2, n_embd=128, n_head=4),  # the model `make demo` trains
     "small (4x256)": dict(n_layer=4, n_embd=256, n_head=4),
     "larger (6x384)": dict(n_layer=6, n_embd=384, n_head=6),
 }
