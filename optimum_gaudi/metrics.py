@@ -24,6 +24,7 @@ class ThroughputCallback(TrainerCallback):
         self._clock_step: int | None = None
         self._clock_time: float | None = None
         self._last_log: tuple[int, float, int] = (0, 0.0, 0)
+        self.eval_begin()
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._first_step = state.global_step
@@ -73,3 +74,25 @@ class ThroughputCallback(TrainerCallback):
             metrics["train_tokens_per_second"] = round(self.tokens * world_size / runtime, 3)
         metrics["train_throughput_steps"] = steps
         metrics["train_throughput_warmup_steps"] = self._clock_step - self._first_step
+
+    # ---- evaluation: the first `warmup_steps` batches of each evaluation compile graphs too ------------
+
+    def eval_begin(self) -> None:
+        self._eval_batches, self._eval_samples, self._eval_clock = 0, 0, None
+
+    def eval_batch(self, samples: int) -> None:
+        self._eval_batches += 1
+        if self._eval_clock is not None:
+            self._eval_samples += samples
+        elif self._eval_batches == self.warmup_steps:
+            self._eval_clock = time.time()
+
+    def rewrite_eval(self, metrics: dict, prefix: str) -> None:
+        """Replace an evaluation's speed metrics by their values after its first `warmup_steps` batches."""
+        if self.warmup_steps == 0 or self._eval_clock is None or not self._eval_samples:
+            return  # nothing to leave out, or too few batches to leave any out: keep transformers' numbers
+        runtime = time.time() - self._eval_clock
+        batches = self._eval_batches - self.warmup_steps
+        metrics[f"{prefix}_samples_per_second"] = round(self._eval_samples / runtime, 3)
+        metrics[f"{prefix}_steps_per_second"] = round(batches / runtime, 3)
+        metrics[f"{prefix}_throughput_steps"] = batches

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback
+from transformers.trainer_pt_utils import find_batch_size
 
 from .batching import StaticBatchCollator
 from .configuration import GaudiConfig
@@ -162,10 +163,15 @@ class GaudiTrainer(Trainer):
             self._grad_allreduce()  # before clipping, which then sees the averaged gradients
         return loss
 
+    def evaluation_loop(self, *args: Any, **kwargs: Any):
+        self._throughput.eval_begin()
+        return super().evaluation_loop(*args, **kwargs)
+
     def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys=None):
         outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # run the queued evaluation graph before the next batch
+        self._throughput.eval_batch(find_batch_size(inputs) or 0)
         return outputs
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
@@ -197,8 +203,11 @@ class GaudiTrainer(Trainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         batch, world = self.get_total_train_batch_size(self.args), self.args.world_size
+        eval_prefixes = [k.removesuffix("_runtime") for k in logs if k.endswith("_runtime") and k != "train_runtime"]
         if "train_runtime" in logs:
             self._throughput.rewrite(logs, self.state.global_step, batch, world)
+        elif eval_prefixes:
+            self._throughput.rewrite_eval(logs, eval_prefixes[0])
         elif "loss" in logs:
             logs.update(self._throughput.interval(self.state.global_step, batch, world))
             if self.is_world_process_zero():

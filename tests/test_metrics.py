@@ -69,3 +69,22 @@ def test_training_logs_carry_throughput_since_the_previous_log(tiny_gpt2, tiny_l
     # steps 3..4 include no sleep after the clock starts at step 3; samples = 4 per step
     assert logs[4]["interval_samples_per_second"] > 4 / 0.4
     assert logs[8]["interval_tokens_per_second"] == pytest.approx(logs[8]["interval_samples_per_second"] * 16, rel=0.05)
+
+
+def test_evaluation_throughput_leaves_out_its_first_batches(tiny_gpt2, tiny_lm_data, tmp_path):
+    model = tiny_gpt2()
+    calls = []
+
+    def slow_first_eval_batches(module, args, output):
+        calls.append(1)
+        if not module.training and len(calls) <= 2:
+            time.sleep(0.4)
+
+    model.register_forward_hook(slow_first_eval_batches)
+    args = GaudiTrainingArguments(
+        output_dir=str(tmp_path), per_device_eval_batch_size=4, report_to=[], throughput_warmup_steps=3
+    )
+    metrics = GaudiTrainer(model=model, args=args, eval_dataset=tiny_lm_data[:32]).evaluate()
+    assert metrics["eval_throughput_steps"] == 5  # 8 batches, 3 left out
+    assert metrics["eval_runtime"] >= 0.8  # the whole evaluation still counts in the runtime
+    assert metrics["eval_samples_per_second"] > 20 / 0.8  # 20 samples after warm-up take far less than 0.8 s
