@@ -7,6 +7,7 @@ warm-up and the final training loss.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -38,6 +39,11 @@ def main() -> None:
         Path(out).write_text(json.dumps(result))
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    # Seen here: after everything above returned, a rank sometimes never finished interpreter exit (FSDP over
+    # gloo on CPU, both threads idle), which keeps torchrun waiting. The results are written: leave now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

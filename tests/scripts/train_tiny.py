@@ -4,6 +4,7 @@ Used by the distributed tests under torchrun: `train_tiny.py OUT.json [GaudiTrai
 """
 
 import json
+import os
 import sys
 
 import torch
@@ -31,6 +32,11 @@ def main() -> None:
             json.dump({"losses": losses, "world_size": args.world_size}, f)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    # Seen here: after everything above returned, a rank sometimes never finished interpreter exit (FSDP over
+    # gloo on CPU, both threads idle), which keeps torchrun waiting. The results are written: leave now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
