@@ -36,11 +36,6 @@ def _endpoint_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def hub_available() -> bool:
-    """True when the Hub may be asked for files (not offline by env, and its endpoint answers a TCP connect)."""
-    return not _offline_by_env() and _endpoint_reachable()
-
-
 def require_hub(what: str, hint: str) -> None:
     """Raise HubUnavailableError naming `what` was asked for and `hint` on how to do without the Hub."""
     if _offline_by_env():

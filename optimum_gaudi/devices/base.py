@@ -32,9 +32,6 @@ class Device:
     fast_ddp_dtype: ClassVar[str] = "float32"  # dtype of the fast_ddp fusion buffer by default
     behaviour: ClassVar[dict[str, str]]
 
-    def torch_device(self) -> torch.device:
-        return torch.device(self.type)
-
     def count(self) -> int:
         return 1
 
