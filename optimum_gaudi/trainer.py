@@ -17,6 +17,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_pt_utils import find_batch_size
 
 from .batching import StaticBatchCollator
+from .compilation import CompilationLog, CompileOptions, compile_regions, pin_loss_function
 from .configuration import GaudiConfig
 from .distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from .features import feature_table
@@ -71,6 +72,11 @@ class GaudiTrainer(Trainer):
         self._pipelining_mark_step = self._lazy_mark_step if args.pipelining_fwd_bwd else None
         self._autocast = self._select_autocast(args)
         self._graph_wrapped: set[tuple[bool, int]] = set()
+        self._compile = CompileOptions.from_args(args)
+        self._compilation_log = CompilationLog()
+        self._eager_step: int | None = None  # --compile_from_sec_iteration: the step that runs eagerly
+        if self._compile is not None:
+            self._compile.apply_limits()
 
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
 
@@ -101,11 +107,15 @@ class GaudiTrainer(Trainer):
         accelerator_args = super()._build_accelerator_args(**kwargs)
         if self._autocast is not None:
             accelerator_args["mixed_precision"] = "no"  # our autocast replaces accelerate's fixed op lists
+        if self._compile is not None:
+            accelerator_args["dynamo_plugin"] = self._compile.dynamo_plugin()
         return accelerator_args
 
     # ---- graphs -------------------------------------------------------------------------------------
 
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
+        if self._compile is not None:
+            self._prepare_compile(self.accelerator.unwrap_model(model, keep_torch_compile=False))
         model = super()._wrap_model(model, training, dataloader)
         if training and self._use_fast_ddp() and not isinstance(model, FastDDPModel):
             model = self._wrap_for_fast_ddp(model)
@@ -118,6 +128,20 @@ class GaudiTrainer(Trainer):
             else:
                 model = self.gaudi_device.wrap_for_inference(model, self.args.disable_tensor_cache_hpu_graphs)
         return model
+
+    def _prepare_compile(self, model: nn.Module) -> None:
+        """Once per model: pin its loss function (no graph break) and, if asked, compile its blocks."""
+        if getattr(model, "_gaudi_compile_prepared", False):
+            return
+        model._gaudi_compile_prepared = True
+        pin_loss_function(model)
+        if self._compile.regional:
+            compiled = compile_regions(model, **self._compile.compile_kwargs())
+            if compiled is None:
+                logger.warning("--use_regional_compilation: no repeated blocks in the model; compiling it whole.")
+                model.compile(**self._compile.compile_kwargs())
+            else:
+                logger.info("Regional compilation: each block of %s compiled once.", compiled)
 
     def _use_fast_ddp(self) -> bool:
         return self.args.distribution_strategy == "fast_ddp" and self.args.world_size > 1
@@ -156,7 +180,14 @@ class GaudiTrainer(Trainer):
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         self._throughput.count_tokens(inputs)
-        loss = super().training_step(model, inputs, num_items_in_batch)
+        if self._compile is None:
+            loss = super().training_step(model, inputs, num_items_in_batch)
+        else:
+            if self._eager_step is None:
+                self._eager_step = self.state.global_step
+            first = self.state.global_step == self._eager_step
+            with self._compile.step_context(first), self._compilation_log.watch(inputs, self.state.global_step):
+                loss = super().training_step(model, inputs, num_items_in_batch)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # after backward
         if self._grad_allreduce is not None and self.accelerator.gradient_state.sync_gradients:
@@ -168,7 +199,8 @@ class GaudiTrainer(Trainer):
         return super().evaluation_loop(*args, **kwargs)
 
     def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys=None):
-        outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+        with self._compilation_log.watch(inputs, self.state.global_step):
+            outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # run the queued evaluation graph before the next batch
         self._throughput.eval_batch(find_batch_size(inputs) or 0)

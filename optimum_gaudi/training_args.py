@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 import torch
 from transformers import TrainingArguments
 
+from .compilation import check_compile_flags
 from .configuration import GaudiConfig
 from .devices import CPUDevice, Device, detect_device
 from .devices.hpu import bridge_imported, bridge_installed, export_autocast_op_lists
@@ -90,6 +91,21 @@ class GaudiTrainingArguments(TrainingArguments):
             "help": "Where bf16 autocast runs: 'auto' (the training device), 'hpu_amp' or 'cpu_amp'.",
             "choices": list(HALF_PRECISION_BACKENDS),
         },
+    )
+    use_regional_compilation: bool = field(
+        default=False,
+        metadata={
+            "help": "With --torch_compile: compile the repeated block (decoder layer) once, not the whole model."
+        },
+    )
+    compile_dynamic: bool | None = field(
+        default=None, metadata={"help": "With --torch_compile: torch.compile(dynamic=...); unset lets torch decide."}
+    )
+    compile_from_sec_iteration: bool = field(
+        default=False, metadata={"help": "With --torch_compile: run the first training iteration eagerly."}
+    )
+    cache_size_limit: int | None = field(
+        default=None, metadata={"help": "With --torch_compile: most graphs dynamo keeps per function (process-wide)."}
     )
     profiling_warmup_steps: int = field(default=0, metadata={"help": "Steps to skip before profiling starts."})
     profiling_steps: int = field(
@@ -173,6 +189,9 @@ class GaudiTrainingArguments(TrainingArguments):
             )
         if self.torch_compile and self.use_lazy_mode:
             fail("--torch_compile needs eager mode; drop --use_lazy_mode when compiling.")
+        if self.cache_size_limit is not None and self.cache_size_limit < 1:
+            fail(f"--cache_size_limit must be >= 1 (or unset for torch's default), got {self.cache_size_limit}.")
+        check_compile_flags(self)
         if self.half_precision_backend != "auto" and not self.bf16:
             logger.warning(
                 "--half_precision_backend %s has no effect without --bf16 or a Gaudi config with use_torch_autocast.",
