@@ -97,12 +97,13 @@ def test_compile_from_second_iteration_runs_the_first_step_eagerly(tiny_lm_data,
     assert graphs[0] == 0 and graphs[1] >= 1
 
 
-def test_compile_dynamic_and_cache_size_limit_reach_torch(tiny_lm_data, tmp_path):
-    trainer, _, _ = train(
-        gpt2(), tiny_lm_data, tmp_path, steps=1,
-        torch_compile=True, torch_compile_backend="aot_eager", compile_dynamic=True, cache_size_limit=3,
-    )  # fmt: skip
-    assert trainer.accelerator.state.dynamo_plugin.dynamic is True
+def test_compile_dynamic_and_cache_size_limit_reach_torch(tmp_path):
+    args = GaudiTrainingArguments(
+        output_dir=str(tmp_path), report_to=[], torch_compile=True, compile_dynamic=True, cache_size_limit=3
+    )
+    trainer = GaudiTrainer(model=gpt2(), args=args)
+    plugin = trainer.accelerator.state.dynamo_plugin
+    assert plugin.dynamic is True and plugin.backend.value == "INDUCTOR"
     assert torch._dynamo.config.recompile_limit == 3
 
 
