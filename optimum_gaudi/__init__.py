@@ -13,8 +13,10 @@ _EXPORTS = {
     "GaudiConfig": ".configuration",
     "GaudiConfigError": ".configuration",
     "GaudiTrainer": ".trainer",
+    "GaudiTrainerMixin": ".trainer",
     "GaudiArgumentError": ".training_args",
     "GaudiTrainingArguments": ".training_args",
+    "GaudiTrainingArgumentsMixin": ".training_args",
 }
 
 __all__ = [
@@ -22,14 +24,16 @@ __all__ = [
     "GaudiConfig",
     "GaudiConfigError",
     "GaudiTrainer",
+    "GaudiTrainerMixin",
     "GaudiTrainingArguments",
+    "GaudiTrainingArgumentsMixin",
     "__version__",
 ]
 
 if TYPE_CHECKING:
     from .configuration import GaudiConfig, GaudiConfigError
-    from .trainer import GaudiTrainer
-    from .training_args import GaudiArgumentError, GaudiTrainingArguments
+    from .trainer import GaudiTrainer, GaudiTrainerMixin
+    from .training_args import GaudiArgumentError, GaudiTrainingArguments, GaudiTrainingArgumentsMixin
 
 
 def __getattr__(name: str) -> Any:
