@@ -12,6 +12,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "GaudiConfig": ".configuration",
     "GaudiConfigError": ".configuration",
+    "GaudiSeq2SeqTrainer": ".seq2seq",
+    "GaudiSeq2SeqTrainingArguments": ".seq2seq",
     "GaudiTrainer": ".trainer",
     "GaudiTrainerMixin": ".trainer",
     "GaudiArgumentError": ".training_args",
@@ -23,6 +25,8 @@ __all__ = [
     "GaudiArgumentError",
     "GaudiConfig",
     "GaudiConfigError",
+    "GaudiSeq2SeqTrainer",
+    "GaudiSeq2SeqTrainingArguments",
     "GaudiTrainer",
     "GaudiTrainerMixin",
     "GaudiTrainingArguments",
@@ -32,6 +36,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .configuration import GaudiConfig, GaudiConfigError
+    from .seq2seq import GaudiSeq2SeqTrainer, GaudiSeq2SeqTrainingArguments
     from .trainer import GaudiTrainer, GaudiTrainerMixin
     from .training_args import GaudiArgumentError, GaudiTrainingArguments, GaudiTrainingArgumentsMixin
 

@@ -181,8 +181,10 @@ class GaudiTrainerMixin:
         self._throughput.eval_begin()
         return super().evaluation_loop(*args, **kwargs)
 
-    def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys=None):
-        outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+    def prediction_step(
+        self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys=None, **kwargs: Any
+    ):
+        outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **kwargs)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # run the queued evaluation graph before the next batch
         self._throughput.eval_batch(find_batch_size(inputs) or 0)
