@@ -18,7 +18,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_pt_utils import find_batch_size
 
 from .batching import StaticBatchCollator
-from .compat import check_trainer_hooks
+from .compat import TrainerShims, check_trainer_hooks
 from .configuration import GaudiConfig
 from .distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from .features import feature_table
@@ -51,7 +51,7 @@ def _bind_trainer_args(parent_init, cls: type, args: tuple, kwargs: dict) -> ins
     return signature.bind(*args, **kwargs)
 
 
-class GaudiTrainerMixin:
+class GaudiTrainerMixin(TrainerShims):
     """The Gaudi features as narrow overrides of Trainer hooks; put it first to make any Trainer a Gaudi one.
 
     ``class MyGaudiTrainer(GaudiTrainerMixin, MyTrainer)`` keeps MyTrainer's signature and adds one keyword,
