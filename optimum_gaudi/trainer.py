@@ -19,8 +19,8 @@ from transformers.trainer_pt_utils import find_batch_size, nested_gather
 from .batching import StaticRows
 from .configuration import GaudiConfig
 from .distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
-from .features import feature_table
 from .events import InternalCallbackHandler
+from .features import feature_table
 from .metrics import Throughput
 from .profiling import GaudiProfilerCallback
 from .training_args import GaudiTrainingArguments
