@@ -18,12 +18,14 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 _TIME_SUFFIXES = ("_runtime", "_per_second")
-_MEMORY_MARKERS = (" (GB)", "_mem_")  # our memory logs, transformers' memory tracker (train_mem_cpu_alloc_delta)
+# our memory logs, transformers' memory tracker (train_mem_cpu_alloc_delta), and what a speed covered (a
+# resumed run warms up again, so train_throughput_steps counts fewer steps than an uninterrupted run's)
+_MEASUREMENT_MARKERS = (" (GB)", "_mem_", "_throughput_")
 
 
 def is_measurement_key(key: str) -> bool:
     """True for a logged key that measures time or memory (differs between identical runs)."""
-    return key.endswith(_TIME_SUFFIXES) or any(marker in key for marker in _MEMORY_MARKERS)
+    return key.endswith(_TIME_SUFFIXES) or any(marker in key for marker in _MEASUREMENT_MARKERS)
 
 
 class Throughput:
