@@ -117,7 +117,7 @@ class GaudiTrainer(Trainer):
 
     def _select_static_rows(self, args: GaudiTrainingArguments) -> StaticRows | None:
         """Pad short batches only where the device compiles a graph per input shape."""
-        if not self.gaudi_device.static_shapes(args.use_lazy_mode, args.use_hpu_graphs_for_training):
+        if not self.gaudi_device.static_shapes(args.use_lazy_mode):  # HPU Graphs need lazy mode on a Gaudi
             return None
         label_names = sorted({*self.label_names, "labels", "label", "label_ids"})
         return StaticRows(self._train_batch_size, label_names, labels_into_forward=not args.use_hpu_graphs_for_training)

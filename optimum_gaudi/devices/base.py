@@ -41,10 +41,6 @@ class Device:
     def mark_step(self) -> None:
         """Flush the queued lazy graph; only a lazy-mode device has anything to do."""
 
-    def static_shapes(self, lazy_mode: bool, graphs: bool) -> bool:
-        """Whether a new input shape costs a graph compilation here, so short batches are worth padding."""
-        return False
-
     def fused_adamw(self) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
         """The optimizer class (and extra kwargs) of the fastest AdamW on this device."""
         return torch.optim.AdamW, {"fused": True}

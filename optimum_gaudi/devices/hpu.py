@@ -112,9 +112,6 @@ class HPUDevice(Device):
     def mark_step(self) -> None:
         importlib.import_module("habana_frameworks.torch.core").mark_step()
 
-    def static_shapes(self, lazy_mode: bool, graphs: bool) -> bool:
-        return lazy_mode or graphs  # lazy graphs and HPU Graphs are cached per input shape
-
     def fused_adamw(self) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
         from habana_frameworks.torch.hpex.optimizers import FusedAdamW
 
