@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: venv demo test style bench clean
+.PHONY: venv demo test test-compat test-compat-all style bench clean
 
 venv: $(STAMP)
 
@@ -27,6 +27,15 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+# The core suite on the oldest supported transformers and the newest, each in .venv-compat/<version>;
+# COMPAT_VERSIONS="5.4.0 5.10.4" picks others, test-compat-all takes every 5.x minor release and 4.57.
+COMPAT_VERSIONS ?=
+test-compat:
+	tests/compat/run.sh $(COMPAT_VERSIONS)
+
+test-compat-all:
+	tests/compat/run.sh $$(tests/compat/releases.sh)
+
 style: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -35,4 +44,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-compat build *.egg-info

@@ -1,9 +1,9 @@
 """NVIDIA GPU: eager execution, torch's fused AdamW, foreach clipping, torch.cuda memory API.
 
 HPU Graphs' counterpart is CUDA graphs. The HPU-graph flags compile the model with torch.compile's
-``reduce-overhead`` mode, which records a CUDA graph per input shape and replays it, forward and backward;
-shapes stay static because the trainer pads the last batch when these flags are on. Where a graph cannot
-be used (CPU tensors, dynamic shapes) torch runs the compiled code without one.
+``reduce-overhead`` mode, which records a CUDA graph per input shape and replays it, forward and backward
+(a short last batch records one more). Where a graph cannot be used (CPU tensors, dynamic shapes) torch
+runs the compiled code without one.
 """
 
 from __future__ import annotations
@@ -86,6 +86,10 @@ class CUDADevice(Device):
 
     def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
         return [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+
+    def memory_info(self) -> tuple[int, int]:
+        free, total = torch.cuda.mem_get_info(torch.cuda.current_device())
+        return int(free), int(total)
 
     def memory_stats(self) -> dict[str, float]:
         index = torch.cuda.current_device()
