@@ -137,3 +137,17 @@ def test_compile_flags_without_torch_compile_warn_and_bad_limit_fails(tmp_path, 
     with caplog.at_level(logging.WARNING):
         GaudiTrainingArguments(output_dir=str(tmp_path), torch_compile=True, report_to=[])
     assert "--throughput_warmup_steps 1 leaves them out" in caplog.text
+
+
+def test_regional_compilation_on_the_simulated_gaudi_uses_hpu_backend_once(tiny_lm_data, tmp_path, bridge):
+    import importlib.util
+
+    if importlib.util.find_spec("habana_frameworks.torch.dynamo") is None:
+        pytest.skip("this simulator (tests/fakes) does not register hpu_backend yet")
+    trainer, losses, graphs = train(
+        gpt2(3, **NO_DROPOUT), tiny_lm_data, tmp_path, steps=2, use_habana=True,
+        torch_compile=True, use_regional_compilation=True,
+    )  # fmt: skip
+    assert trainer.args.torch_compile_backend == "hpu_backend"
+    assert len(bridge().calls_named("dynamo.hpu_backend")) == 1  # one graph for the 3 blocks
+    assert graphs == [1, 1] and len(losses) == 2
