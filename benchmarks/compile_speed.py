@@ -137,13 +137,13 @@ def _interleaved(setups, model_kwargs, data, repeats, steps, warmup, log, label)
     return {s: tuple(median([x[i] for x in v]) for i in range(3)) for s, v in results.items()}
 
 
-def run(repeats: int = 3, steps: int = 25, warmup: int = 3, deep_repeats: int = 2, log=print) -> tuple[str, dict]:
+def run(repeats: int = 2, steps: int = 14, warmup: int = 3, deep_repeats: int = 1, log=print) -> tuple[str, dict]:
     """Markdown sections and the medians {"small": {setup: (steps/s, compile s, loss)}, "deep": ..., "peak"}."""
     data = lm_data(train_blocks=steps * BATCH, eval_blocks=64, vocab_size=VOCAB)
     peaks = [bf16_matmul_peak()]
     small = _interleaved(SETUPS, SMALL, data, repeats, steps, warmup, log, "4x256")
     with compiler_caches(False):
-        deep = _interleaved(DEEP_SETUPS, DEEP, data, deep_repeats, max(warmup + 4, steps // 3), warmup, log, "12x256")
+        deep = _interleaved(DEEP_SETUPS, DEEP, data, deep_repeats, warmup + 4, warmup, log, "12x256")
     peaks.append(bf16_matmul_peak())
     peak = median(peaks)
 
