@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: venv demo test test-compat test-compat-all style bench clean
+.PHONY: venv demo test test-compat test-compat-all test-compat-trl style bench clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,10 @@ test-compat:
 
 test-compat-all:
 	tests/compat/run.sh $$(tests/compat/releases.sh)
+
+# optimum_gaudi.trl on the oldest TRL it supports (the newest is in .venv, run by make test)
+test-compat-trl:
+	CORE_TESTS=tests/test_trl.py tests/compat/run.sh trl==1.0.0
 
 style: $(STAMP)
 	$(PY) -m ruff check .

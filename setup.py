@@ -22,10 +22,10 @@ setup(
     ],
     extras_require={
         # matplotlib: the plot command is tested too; trl: optimum_gaudi.trl is tested too
-        "tests": ["pytest>=8", "matplotlib>=3.5", "trl>=1.16"],
+        "tests": ["pytest>=8", "matplotlib>=3.5", "trl>=1.0"],
         "quality": ["ruff>=0.6"],
         "plot": ["matplotlib>=3.5"],
-        "trl": ["trl>=1.16"],  # optimum_gaudi.trl: GaudiSFTTrainer, GaudiDPOTrainer, GaudiGRPOTrainer
+        "trl": ["trl>=1.0"],  # optimum_gaudi.trl: GaudiSFTTrainer, GaudiDPOTrainer, GaudiGRPOTrainer
     },
     entry_points={"console_scripts": ["optimum-gaudi=optimum_gaudi.cli:main"]},
 )
