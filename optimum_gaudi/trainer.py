@@ -7,6 +7,7 @@ part. With every Gaudi feature off it is transformers.Trainer, step for step.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -42,13 +43,20 @@ class _MarkStepAfterOptimizer(TrainerCallback):
         self.mark_step()
 
 
-def _bind_trainer_args(parent_init, cls: type, args: tuple, kwargs: dict) -> inspect.BoundArguments:
-    """Binds the call to the parent Trainer's own signature, so that ``args`` is found by name or position
-    whatever comes before it (TRL's DPOTrainer takes ``ref_model`` first, GRPOTrainer ``reward_funcs``)."""
-    signature = inspect.signature(parent_init)
-    if "args" not in signature.parameters:
-        raise TypeError(f"{cls.__name__}: the Trainer after GaudiTrainerMixin takes no `args` parameter.")
-    return signature.bind(*args, **kwargs)
+@functools.cache
+def _args_position(cls: type) -> int:
+    """Where ``args`` sits among the positional parameters of the Trainer that ``cls`` builds on: TRL's
+    DPOTrainer takes ``ref_model`` before it, GRPOTrainer ``reward_funcs``. A class whose ``__init__`` only
+    passes ``*args, **kwargs`` through is skipped for the next one that names its parameters."""
+    mro = cls.__mro__
+    for klass in mro[mro.index(GaudiTrainerMixin) + 1 :]:
+        if "__init__" not in vars(klass):
+            continue
+        parameters = list(inspect.signature(klass.__init__).parameters.values())[1:]
+        positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if "args" in positional:
+            return positional.index("args")
+    raise TypeError(f"{cls.__name__}: no Trainer after GaudiTrainerMixin takes an `args` parameter.")
 
 
 class GaudiTrainerMixin(TrainerShims):
@@ -65,10 +73,15 @@ class GaudiTrainerMixin(TrainerShims):
     def __init__(
         self, *trainer_args: Any, gaudi_config: GaudiConfig | str | os.PathLike | None = None, **trainer_kwargs: Any
     ) -> None:
-        bound = _bind_trainer_args(super().__init__, type(self), trainer_args, trainer_kwargs)
-        args = bound.arguments.get("args")
+        position = _args_position(type(self))
+        by_position = "args" not in trainer_kwargs and len(trainer_args) > position
+        args = trainer_args[position] if by_position else trainer_kwargs.get("args")
         if args is None:
-            args = bound.arguments["args"] = self.gaudi_args_class(output_dir="trainer_output")
+            args = self.gaudi_args_class(output_dir="trainer_output")
+            if by_position:
+                trainer_args = (*trainer_args[:position], args, *trainer_args[position + 1 :])
+            else:
+                trainer_kwargs["args"] = args
         if not isinstance(args, GaudiTrainingArgumentsMixin):
             raise TypeError(
                 f"{type(self).__name__} needs GaudiTrainingArguments (or arguments built with "
@@ -86,7 +99,7 @@ class GaudiTrainerMixin(TrainerShims):
         self._autocast = self._select_autocast(args)
         self._graph_wrapped: set[tuple[bool, int]] = set()
 
-        super().__init__(*bound.args, **bound.kwargs)
+        super().__init__(*trainer_args, **trainer_kwargs)
 
         self._throughput = ThroughputCallback(args.throughput_warmup_steps)
         self.add_callback(self._throughput)
