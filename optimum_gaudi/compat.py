@@ -24,7 +24,6 @@ from transformers import Trainer
 TRAINER_HOOKS = (
     "_build_accelerator_args",
     "_wrap_model",
-    "get_train_dataloader",
     "autocast_smart_context_manager",
     "compute_loss_context_manager",
     "training_step",
