@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback
-from transformers.trainer_pt_utils import find_batch_size, nested_gather
+from transformers.trainer_pt_utils import find_batch_size
 
 from .batching import StaticRows
-from .compat import TrainerShims, check_trainer_hooks
+from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .configuration import GaudiConfig
 from .distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from .events import InternalCallbackHandler
