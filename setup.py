@@ -24,6 +24,7 @@ setup(
         "tests": ["pytest>=8", "matplotlib>=3.5"],  # matplotlib: the plot command is tested too
         "quality": ["ruff>=0.6"],
         "plot": ["matplotlib>=3.5"],
+        "tensorboard": ["tensorboard>=2.10"],  # --report_to tensorboard
     },
     entry_points={"console_scripts": ["optimum-gaudi=optimum_gaudi.cli:main"]},
 )

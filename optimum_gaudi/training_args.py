@@ -18,6 +18,7 @@ from transformers import TrainingArguments
 from .configuration import GaudiConfig
 from .devices import CPUDevice, Device, detect_device
 from .devices.hpu import bridge_imported, bridge_installed, export_autocast_op_lists
+from .errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ FAST_DDP_DTYPES = ("auto", "float32", "bfloat16")
 _HF_FIELDS = {f.name for f in fields(TrainingArguments)}
 
 
-class GaudiArgumentError(ValueError):
+class GaudiArgumentError(UserError, ValueError):
     """A Gaudi flag, or a combination of flags, that cannot work; the message says how to fix it."""
 
 
@@ -99,8 +100,13 @@ class GaudiTrainingArguments(TrainingArguments):
         default=False, metadata={"help": "Record tensor shapes in the profiler trace."}
     )
     profiling_with_stack: bool = field(default=False, metadata={"help": "Record Python stacks in the profiler trace."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Start over in an --output_dir that holds checkpoints of another run (they are deleted)."},
+    )
 
     def __post_init__(self) -> None:
+        _check_standard_flags(self)
         self._validate_gaudi_flags()
         self.gaudi_config = GaudiConfig.from_pretrained(self.gaudi_config_name) if self.gaudi_config_name else None
         self._set_bridge_environment()
@@ -204,3 +210,33 @@ class GaudiTrainingArguments(TrainingArguments):
             raise GaudiArgumentError("HPU Graphs need lazy mode on a Gaudi; add --use_lazy_mode.")
         if self.half_precision_backend == "hpu_amp" and device.type != "hpu":
             logger.warning("--half_precision_backend hpu_amp: no Gaudi here, autocast runs on %s.", device.type)
+
+
+# Package to install for each --report_to integration transformers offers.
+_REPORT_TO_PACKAGES = {
+    "tensorboard": "pip install 'optimum-gaudi[tensorboard]' (or: pip install tensorboard)",
+    "azure_ml": "pip install azureml-core",
+    "flyte": "pip install flytekit",
+}
+
+
+def _check_standard_flags(args: TrainingArguments) -> None:
+    """transformers' own flags that it rejects late (a traceback from inside the data loader or a callback)."""
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        value = getattr(args, name)
+        if not isinstance(value, int) or value < 1:
+            raise GaudiArgumentError(f"--{name} must be a whole number >= 1, got {value!r}.")
+    from transformers.integrations import get_available_reporting_integrations
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    requested = [args.report_to] if isinstance(args.report_to, str) else list(args.report_to or [])
+    installed = set(get_available_reporting_integrations())
+    for name in (r.strip() for r in requested if r.strip() not in ("all", "none")):
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise GaudiArgumentError(
+                f"--report_to {name} is not an integration transformers knows; use one of "
+                f"{', '.join(sorted(INTEGRATION_TO_CALLBACK))}, 'all' or 'none'."
+            )
+        if name not in installed:
+            install = _REPORT_TO_PACKAGES.get(name, f"pip install {name}")
+            raise GaudiArgumentError(f"--report_to {name} needs {name}, which is not installed: {install}.")
