@@ -27,17 +27,16 @@ HALF_PRECISION_BACKENDS = ("auto", "hpu_amp", "cpu_amp")
 FAST_DDP_DTYPES = ("auto", "float32", "bfloat16")
 
 
-_HF_FIELDS = {f.name for f in fields(TrainingArguments)}
-
-
 class GaudiArgumentError(UserError, ValueError):
     """A Gaudi flag, or a combination of flags, that cannot work; the message says how to fix it."""
 
 
 @dataclass
-class GaudiTrainingArguments(TrainingArguments):
-    """TrainingArguments with Habana Gaudi options. On a machine without a Gaudi the same flags still
-    parse and the run falls back to CUDA or CPU (see the feature table logged at start-up)."""
+class GaudiTrainingArgumentsMixin:
+    """The Gaudi fields and their checks, for any TrainingArguments subclass: put it first, e.g.
+    ``@dataclass class MyArgs(GaudiTrainingArgumentsMixin, Seq2SeqTrainingArguments)``. On a machine without
+    a Gaudi the same flags still parse and the run falls back to CUDA or CPU (see the feature table logged
+    at start-up)."""
 
     use_habana: bool = field(
         default=False,
@@ -106,8 +105,8 @@ class GaudiTrainingArguments(TrainingArguments):
     )
 
     def __post_init__(self) -> None:
-        _check_standard_flags(self)
         self._validate_gaudi_flags()
+        _check_standard_flags(self)
         self.gaudi_config = GaudiConfig.from_pretrained(self.gaudi_config_name) if self.gaudi_config_name else None
         self._set_bridge_environment()
         self.gaudi_device: Device = detect_device(use_habana=self.use_habana, use_cpu=self.use_cpu)
@@ -127,7 +126,7 @@ class GaudiTrainingArguments(TrainingArguments):
 
     def gaudi_flags(self) -> dict[str, object]:
         """The Gaudi flags and their values, for the run's log."""
-        return {f.name: getattr(self, f.name) for f in fields(GaudiTrainingArguments) if f.name not in _HF_FIELDS}
+        return {f.name: getattr(self, f.name) for f in fields(GaudiTrainingArgumentsMixin)}
 
     @property
     def fast_ddp_torch_dtype(self) -> torch.dtype:
@@ -212,6 +211,11 @@ class GaudiTrainingArguments(TrainingArguments):
             logger.warning("--half_precision_backend hpu_amp: no Gaudi here, autocast runs on %s.", device.type)
 
 
+@dataclass
+class GaudiTrainingArguments(GaudiTrainingArgumentsMixin, TrainingArguments):
+    """TrainingArguments with Habana Gaudi options: GaudiTrainingArgumentsMixin + TrainingArguments."""
+
+
 # Package to install for each --report_to integration transformers offers.
 _REPORT_TO_PACKAGES = {
     "tensorboard": "pip install 'optimum-gaudi[tensorboard]' (or: pip install tensorboard)",
@@ -226,12 +230,15 @@ def _check_standard_flags(args: TrainingArguments) -> None:
         value = getattr(args, name)
         if not isinstance(value, int) or value < 1:
             raise GaudiArgumentError(f"--{name} must be a whole number >= 1, got {value!r}.")
+    requested = [args.report_to] if isinstance(args.report_to, str) else list(args.report_to or [])
+    requested = [name.strip() for name in requested if name.strip() not in ("all", "none")]
+    if not requested:
+        return
     from transformers.integrations import get_available_reporting_integrations
     from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 
-    requested = [args.report_to] if isinstance(args.report_to, str) else list(args.report_to or [])
     installed = set(get_available_reporting_integrations())
-    for name in (r.strip() for r in requested if r.strip() not in ("all", "none")):
+    for name in requested:
         if name not in INTEGRATION_TO_CALLBACK:
             raise GaudiArgumentError(
                 f"--report_to {name} is not an integration transformers knows; use one of "

@@ -269,7 +269,7 @@ def test_a_really_full_disk_leaves_only_complete_checkpoints(tmp_path):
         assert published and all(checkpoint_problem(p) is None for p in published)
         assert not list((disk / "run").glob(".staging-*"))
     finally:
-        subprocess.run(["umount", str(disk)])
+        subprocess.run(["umount", "--lazy", str(disk)])
 
 
 # ---- several processes --------------------------------------------------------------------------------------
