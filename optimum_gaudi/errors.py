@@ -130,7 +130,8 @@ def quiet_argparse_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     (run_clm.py's is 143 lines) and exiting; ``--help`` still prints everything. Returns the parser."""
 
     def error(message: str) -> NoReturn:
-        raise UserError(f"{parser.prog}: {_shorten_argparse_message(message)} (see --help)")
+        message = _shorten_argparse_message(message)
+        raise UserError(f"{parser.prog}: {message}{'' if '--help' in message else ' (see --help)'}")
 
     parser.error = error  # type: ignore[method-assign]
     return parser

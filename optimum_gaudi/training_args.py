@@ -224,12 +224,30 @@ _REPORT_TO_PACKAGES = {
 }
 
 
+# (flag, lowest valid value, first invalid value above it or None): transformers passes these to torch unchecked.
+_NUMERIC_RANGES = (
+    ("learning_rate", 0, None),
+    ("weight_decay", 0, None),
+    ("adam_beta1", 0, 1),
+    ("adam_beta2", 0, 1),
+    ("adam_epsilon", 0, None),
+    ("dataloader_num_workers", 0, None),
+)
+
+
 def _check_standard_flags(args: TrainingArguments) -> None:
     """transformers' own flags that it rejects late (a traceback from inside the data loader or a callback)."""
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
         value = getattr(args, name)
         if not isinstance(value, int) or value < 1:
             raise GaudiArgumentError(f"--{name} must be a whole number >= 1, got {value!r}.")
+    for name, low, high in _NUMERIC_RANGES:
+        value = getattr(args, name)
+        if value is not None and not (low <= value and (high is None or value < high)):
+            bounds = f">= {low}" if high is None else f"in [{low}, {high})"
+            raise GaudiArgumentError(f"--{name} must be {bounds}, got {value}.")
+    if args.do_train and args.max_steps <= 0 and args.num_train_epochs <= 0:
+        raise GaudiArgumentError("nothing to train: give --max_steps > 0 or --num_train_epochs > 0.")
     requested = [args.report_to] if isinstance(args.report_to, str) else list(args.report_to or [])
     requested = [name.strip() for name in requested if name.strip() not in ("all", "none")]
     if not requested:

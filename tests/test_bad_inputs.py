@@ -282,6 +282,32 @@ CASES = [
         id="model-dir-empty",
     ),  # fmt: skip
     P(lambda w: [*w.base, "--deepspeed", "ds.json"], "DeepSpeed", id="deepspeed-missing"),
+    P(lambda w: [*w.base, "--max_train_samples", "0"], "--max_train_samples must be >= 1", id="max-train-samples-0"),
+    P(lambda w: [*w.base, "--do_eval", "--max_eval_samples", "-1"], "--max_eval_samples must be", id="max-eval-neg"),
+    P(lambda w: [*w.base, "--learning_rate", "-1"], "--learning_rate must be >= 0", id="lr-negative"),
+    P(lambda w: [*w.base, "--weight_decay", "-0.1"], "--weight_decay must be >= 0", id="weight-decay-negative"),
+    P(lambda w: [*w.base, "--adam_beta1", "2"], "--adam_beta1 must be in [0, 1)", id="adam-beta1"),
+    P(lambda w: [*w.base, "--adam_epsilon=-1e-8"], "--adam_epsilon must be >= 0", id="adam-epsilon"),
+    P(lambda w: [*w.base, "--dataloader_num_workers", "-1"], "--dataloader_num_workers must be", id="workers-neg"),
+    P(lambda w: [*w.base, "--max_steps", "-1", "--num_train_epochs", "0"], "nothing to train", id="zero-epochs"),
+    P(lambda w: [*w.base, "--logging_steps", "0"], "requires non-zero --logging_steps", id="logging-steps-0"),
+    P(lambda w: [*w.base, "--bf16", "--fp16"], "At most one of fp16 and bf16", id="bf16-and-fp16"),
+    P(lambda w: [*w.base, "--optim", "adamx"], "invalid choice: 'adamx' (did you mean", id="optim-typo"),
+    P(
+        lambda w: [*w.base, "--config_name", w.write("cfg.json", "{garbage")],
+        "is not a valid JSON file",
+        id="config-garbage",
+    ),  # fmt: skip
+    P(
+        lambda w: [*w.base, "--tokenizer_name", str(Path(w.write("tok/README", "x")).parent)],
+        "cannot load tokenizer",
+        id="tokenizer-dir-empty",
+    ),  # fmt: skip
+    P(
+        lambda w: [*w.base, "--gaudi_config_name", w.write("list.json", "[1]")],
+        "must hold a JSON object",
+        id="gaudi-config-list",
+    ),  # fmt: skip
     P(lambda w: [w.write("args.json", "{not json")], "is not JSON", id="args-file-not-json"),
     P(
         lambda w: [w.write("args.json", '{"output_dir": "x", "do_trian": true}')],
@@ -334,6 +360,7 @@ CASES = [
     ),  # fmt: skip
     P(lambda w: [*w.base, "--train_file", w.write("t.csv", 'text\n"unterminated\n')], "cannot read", id="csv-broken"),
     P(lambda w: [*w.base, "--train_file", w.write("t.xml", "<a/>")], "unsupported extension", id="train-xml"),
+    P(lambda w: [*w.base, "--train_file", w.write("h.csv", "text\n")], "cannot read", id="csv-header-only"),
     P(
         lambda w: [*w.base, "--train_file", str(Path(w.write("d.txt/x", "x")).parent)],
         "is a directory",

@@ -156,6 +156,12 @@ class DataTrainingArguments:
             )
         if self.block_size is not None and self.block_size < 1:
             raise UsageError(f"--block_size must be >= 1, got {self.block_size}.")
+        for flag, value in (
+            ("--max_train_samples", self.max_train_samples),
+            ("--max_eval_samples", self.max_eval_samples),
+        ):
+            if value is not None and value < 1:
+                raise UsageError(f"{flag} must be >= 1 (or unset for all), got {value}.")
 
     @property
     def uses_default_corpus(self) -> bool:
