@@ -389,8 +389,7 @@ def check_output_dir(args: Any) -> None:
     another run's checkpoints unless the user says to resume them or to overwrite them.
 
     ``args`` is the training arguments (``output_dir``, ``do_train``, ``resume_from_checkpoint``,
-    ``overwrite_output_dir``, ``should_save``). With ``--overwrite_output_dir`` the old checkpoints are deleted
-    (by the saving process), so a later resume cannot pick one of the previous run.
+    ``overwrite_output_dir``); with ``--overwrite_output_dir`` GaudiTrainer.train deletes the old checkpoints.
     """
     out = Path(args.output_dir).expanduser()
     if out.exists() and not out.is_dir():
@@ -422,13 +421,17 @@ def check_output_dir(args: Any) -> None:
             f"--output_dir {out} already holds checkpoints of a run ({names}): add --resume_from_checkpoint true "
             "to continue it, or --overwrite_output_dir to start over (its checkpoints are deleted)."
         )
-    if getattr(args, "should_save", True):
-        logger.warning(
-            "--overwrite_output_dir: deleting %d checkpoint(s) of the previous run in %s.", len(previous), out
-        )
-        for path in previous:
-            shutil.rmtree(path)
-        remove_staging_leftovers(out)
+
+
+def remove_previous_checkpoints(output_dir: str | os.PathLike) -> None:
+    """--overwrite_output_dir: the previous run's checkpoints go when the new run starts training, so that a later
+    resume cannot pick one of them (and a typo found before training deletes nothing)."""
+    previous = list_checkpoints(output_dir)
+    if previous:
+        logger.warning("--overwrite_output_dir: deleting %d checkpoint(s) of the previous run.", len(previous))
+    for path in previous:
+        shutil.rmtree(path)
+    remove_staging_leftovers(output_dir)
 
 
 class OutputDirGuard(TrainerCallback):

@@ -18,7 +18,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_pt_utils import find_batch_size
 
 from .batching import StaticBatchCollator
-from .checkpoints import check_weights_fit, resolve_resume, staged_checkpoint
+from .checkpoints import check_weights_fit, remove_previous_checkpoints, resolve_resume, staged_checkpoint
 from .compat import check_trainer_hooks
 from .configuration import GaudiConfig
 from .distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
@@ -219,10 +219,13 @@ class GaudiTrainerMixin:
     # ---- checkpoints --------------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
-        """Resumes only from a complete checkpoint that fits the model; ``True``: the newest complete one."""
+        """Resumes only from a complete checkpoint that fits the model (``True``: the newest complete one); with
+        ``overwrite_output_dir`` and no resume, first deletes the checkpoints of the previous run."""
         checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
         if checkpoint is not None:
             check_weights_fit(self.model, checkpoint)
+        elif self.args.overwrite_output_dir and self.args.should_save:
+            remove_previous_checkpoints(self.args.output_dir)
         return super().train(checkpoint, *args, **kwargs)
 
     def _get_output_dir(self, trial: Any) -> str:

@@ -550,6 +550,14 @@ def test_overwrite_output_dir_starts_over_without_the_old_checkpoints(ws):
     assert not list(ws.out.glob("checkpoint-*"))
 
 
+def test_overwrite_output_dir_with_a_bad_input_deletes_nothing(ws, capsys):
+    shutil.copytree(ws.assets / "run", ws.out)
+    before = snapshot(ws.out)
+    code = call_main(run_clm.main, [*ws.base, "--overwrite_output_dir", "--train_file", ws.write("e.txt", "")])
+    assert_one_line(code, capsys.readouterr().err, "is empty")
+    assert snapshot(ws.out) == before
+
+
 @pytest.mark.parametrize("integration", ["tensorboard", "wandb", "mlflow"])
 def test_report_to_a_missing_integration_names_the_pip_line(ws, capsys, integration):
     from transformers.integrations import get_available_reporting_integrations
