@@ -25,6 +25,7 @@ setup(
         "tests": ["pytest>=8", "matplotlib>=3.5", "trl>=1.0"],
         "quality": ["ruff>=0.6"],
         "plot": ["matplotlib>=3.5"],
+        "tensorboard": ["tensorboard>=2.10"],  # --report_to tensorboard
         "trl": ["trl>=1.0"],  # optimum_gaudi.trl: GaudiSFTTrainer, GaudiDPOTrainer, GaudiGRPOTrainer
     },
     entry_points={"console_scripts": ["optimum-gaudi=optimum_gaudi.cli:main"]},

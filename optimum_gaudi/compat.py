@@ -33,6 +33,9 @@ TRAINER_HOOKS = (
     "_clip_grad_norm",
     "log",
     "_save",
+    "train",  # the checkpoint hooks (optimum_gaudi.checkpoints)
+    "_get_output_dir",
+    "_save_checkpoint",
 )
 
 

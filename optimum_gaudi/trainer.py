@@ -19,6 +19,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_pt_utils import find_batch_size
 
 from .batching import StaticRows
+from .checkpoints import check_weights_fit, remove_previous_checkpoints, resolve_resume, staged_checkpoint
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .configuration import GaudiConfig
 from .distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
@@ -246,6 +247,31 @@ class GaudiTrainerMixin(TrainerShims):
             return super()._clip_grad_norm(model)
         self.accelerator.unscale_gradients()
         return self.gaudi_device.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
+
+    # ---- checkpoints --------------------------------------------------------------------------------
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+        """Resumes only from a complete checkpoint that fits the model (``True``: the newest complete one); with
+        ``overwrite_output_dir`` and no resume, first deletes the checkpoints of the previous run."""
+        checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
+        if checkpoint is not None:
+            check_weights_fit(self.model, checkpoint)
+        elif self.args.overwrite_output_dir and self.args.should_save:
+            remove_previous_checkpoints(self.args.output_dir)
+        return super().train(checkpoint, *args, **kwargs)
+
+    def _get_output_dir(self, trial: Any) -> str:
+        return getattr(self, "_staging_root", None) or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        """Written into a staging directory and renamed into place: complete or absent whenever a process dies."""
+        run_dir = super()._get_output_dir(trial)
+        with staged_checkpoint(run_dir, self.state, self.args, self.accelerator.wait_for_everyone) as staging:
+            self._staging_root = str(staging)
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                self._staging_root = None
 
     # ---- logging ------------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from transformers import TrainingArguments
 from .configuration import GaudiConfig
 from .devices import CPUDevice, Device, detect_device
 from .devices.hpu import bridge_imported, bridge_installed, export_autocast_op_lists
+from .errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ HALF_PRECISION_BACKENDS = ("auto", "hpu_amp", "cpu_amp")
 FAST_DDP_DTYPES = ("auto", "float32", "bfloat16")
 
 
-class GaudiArgumentError(ValueError):
+class GaudiArgumentError(UserError, ValueError):
     """A Gaudi flag, or a combination of flags, that cannot work; the message says how to fix it."""
 
 
@@ -98,6 +99,10 @@ class GaudiTrainingArgumentsMixin:
         default=False, metadata={"help": "Record tensor shapes in the profiler trace."}
     )
     profiling_with_stack: bool = field(default=False, metadata={"help": "Record Python stacks in the profiler trace."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Start over in an --output_dir that holds checkpoints of another run (they are deleted)."},
+    )
 
     def __post_init__(self) -> None:
         # TrainingArguments.__post_init__ would turn torch_compile on from its mode or backend, but only after
@@ -105,6 +110,7 @@ class GaudiTrainingArgumentsMixin:
         if self.torch_compile_mode is not None or self.torch_compile_backend is not None:
             self.torch_compile = True
         self._validate_gaudi_flags()
+        _check_standard_flags(self)
         self.gaudi_config = GaudiConfig.from_pretrained(self.gaudi_config_name) if self.gaudi_config_name else None
         self._set_bridge_environment()
         self.gaudi_device: Device = detect_device(use_habana=self.use_habana, use_cpu=self.use_cpu)
@@ -217,3 +223,54 @@ class GaudiTrainingArgumentsMixin:
 @dataclass
 class GaudiTrainingArguments(GaudiTrainingArgumentsMixin, TrainingArguments):
     """TrainingArguments with Habana Gaudi options: GaudiTrainingArgumentsMixin + TrainingArguments."""
+
+
+# Package to install for each --report_to integration transformers offers.
+_REPORT_TO_PACKAGES = {
+    "tensorboard": "pip install 'optimum-gaudi[tensorboard]' (or: pip install tensorboard)",
+    "azure_ml": "pip install azureml-core",
+    "flyte": "pip install flytekit",
+}
+
+
+# (flag, lowest valid value, first invalid value above it or None): transformers passes these to torch unchecked.
+_NUMERIC_RANGES = (
+    ("learning_rate", 0, None),
+    ("weight_decay", 0, None),
+    ("adam_beta1", 0, 1),
+    ("adam_beta2", 0, 1),
+    ("adam_epsilon", 0, None),
+    ("dataloader_num_workers", 0, None),
+)
+
+
+def _check_standard_flags(args: TrainingArguments) -> None:
+    """transformers' own flags that it rejects late (a traceback from inside the data loader or a callback)."""
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        value = getattr(args, name)
+        if not isinstance(value, int) or value < 1:
+            raise GaudiArgumentError(f"--{name} must be a whole number >= 1, got {value!r}.")
+    for name, low, high in _NUMERIC_RANGES:
+        value = getattr(args, name)
+        if value is not None and not (low <= value and (high is None or value < high)):
+            bounds = f">= {low}" if high is None else f"in [{low}, {high})"
+            raise GaudiArgumentError(f"--{name} must be {bounds}, got {value}.")
+    if args.do_train and args.max_steps <= 0 and args.num_train_epochs <= 0:
+        raise GaudiArgumentError("nothing to train: give --max_steps > 0 or --num_train_epochs > 0.")
+    requested = [args.report_to] if isinstance(args.report_to, str) else list(args.report_to or [])
+    requested = [name.strip() for name in requested if name.strip() not in ("all", "none")]
+    if not requested:
+        return
+    from transformers.integrations import get_available_reporting_integrations
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    installed = set(get_available_reporting_integrations())
+    for name in requested:
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise GaudiArgumentError(
+                f"--report_to {name} is not an integration transformers knows; use one of "
+                f"{', '.join(sorted(INTEGRATION_TO_CALLBACK))}, 'all' or 'none'."
+            )
+        if name not in installed:
+            install = _REPORT_TO_PACKAGES.get(name, f"pip install {name}")
+            raise GaudiArgumentError(f"--report_to {name} needs {name}, which is not installed: {install}.")
