@@ -286,6 +286,7 @@ class GaudiTrainerMixin(TrainerShims):
             logs.update(self._throughput.interval(self.state.global_step, world))
             if self.is_world_process_zero():
                 logs.update(self.gaudi_device.memory_stats())
+            self._run_totals_snapshot(self.control, logged=True)
         super().log(logs, start_time)
 
     # ---- a resumed run reports the whole run ------------------------------------------------------------
@@ -299,11 +300,20 @@ class GaudiTrainerMixin(TrainerShims):
             self._total_loss_scalar = carried["loss_sum"]
             self._initial_global_step = self._run_first_step
 
-    def _run_totals_snapshot(self, control) -> None:
-        """Before a possible checkpoint: store the totals so far in the state it saves."""
+    def _run_totals_snapshot(self, control, logged: bool = False) -> None:
+        """Before a possible checkpoint: store the totals so far in the state it saves.
+
+        Called at each step end and again from log(), which runs before the save of a logging step. The loss
+        not yet logged lives in ``_tr_loss`` from transformers 5 on; older releases keep it in a local, so
+        there the totals are exact when checkpoints fall on logging steps (as transformers' own resumed loss
+        logs need too).
+        """
         if not (control.should_save or control.should_evaluate):
             return
-        pending = nested_gather(self._tr_loss, self.args.parallel_mode).mean().item()  # not yet logged
+        tr_loss = getattr(self, "_tr_loss", None)
+        if tr_loss is None and not logged:
+            return
+        pending = 0.0 if tr_loss is None else nested_gather(tr_loss, self.args.parallel_mode).mean().item()
         self.state.stateful_callbacks[RUN_TOTALS_KEY] = {
             "first_step": self._run_first_step,
             "loss_sum": self._total_loss_scalar + pending,
