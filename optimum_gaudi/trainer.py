@@ -300,6 +300,16 @@ class GaudiTrainerMixin(TrainerShims):
             self._total_loss_scalar = carried["loss_sum"]
             self._initial_global_step = self._run_first_step
 
+    def _load_callback_state(self) -> None:
+        """--restore_callback_states_from_checkpoint: our totals are no callback's state; keep them out of
+        transformers' matching, which would warn that a checkpoint callback is missing."""
+        carried = self.state.stateful_callbacks.pop(RUN_TOTALS_KEY, None)
+        try:
+            super()._load_callback_state()
+        finally:
+            if carried is not None:
+                self.state.stateful_callbacks[RUN_TOTALS_KEY] = carried
+
     def _run_totals_snapshot(self, control, logged: bool = False) -> None:
         """Before a possible checkpoint: store the totals so far in the state it saves.
 

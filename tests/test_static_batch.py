@@ -14,7 +14,7 @@ from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadMo
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.batching import StaticRows, cut_rows, pad_rows
-from optimum_gaudi.devices import HPUDevice
+from optimum_gaudi.devices import CPUDevice, CUDADevice, HPUDevice
 
 SAMPLES, BATCH, LENGTH = 66, 8, 8  # 8 full batches and a last one of 2 rows
 UNPADDED = "run unpadded"
@@ -79,6 +79,11 @@ def train(task, tmp_path, **kwargs):
     logs = [h for h in trainer.state.log_history if "loss" in h]
     weights = {k: v.detach().clone() for k, v in net.state_dict().items()}
     return trainer, [h["loss"] for h in logs], [h["grad_norm"] for h in logs], weights, rows
+
+
+def test_only_a_lazy_mode_gaudi_asks_for_static_shapes():
+    assert HPUDevice().static_shapes(lazy_mode=True) and not HPUDevice().static_shapes(lazy_mode=False)
+    assert not any(device.static_shapes(lazy_mode=True) for device in (CPUDevice(), CUDADevice()))
 
 
 def cpu_reference(task, tmp_path, **kwargs):
