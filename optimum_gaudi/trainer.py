@@ -151,7 +151,7 @@ class GaudiTrainerMixin(TrainerShims):
         if not self.gaudi_device.static_shapes(args.use_lazy_mode):  # HPU Graphs need lazy mode on a Gaudi
             return None
         label_names = sorted({*self.label_names, "labels", "label", "label_ids"})
-        return StaticRows(self._train_batch_size, label_names, labels_into_forward=not args.use_hpu_graphs_for_training)
+        return StaticRows(label_names, labels_into_forward=not args.use_hpu_graphs_for_training)
 
     def _build_accelerator_args(self, **kwargs) -> dict[str, Any]:
         accelerator_args = super()._build_accelerator_args(**kwargs)
@@ -202,7 +202,7 @@ class GaudiTrainerMixin(TrainerShims):
         if self._static_rows is None or rows is None:
             loss = super().training_step(model, inputs, num_items_in_batch)
         else:
-            with self._static_rows.padding(model, self.accelerator.unwrap_model(model), rows):
+            with self._static_rows.padding(model, self.accelerator.unwrap_model(model), rows, self._train_batch_size):
                 loss = super().training_step(model, inputs, num_items_in_batch)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # after backward

@@ -177,8 +177,8 @@ def test_a_loss_computed_over_the_padding_is_caught_and_rerun_unpadded(caplog):
     torch.manual_seed(0)
     net, x, y = InlineLoss(), torch.randn(2, 3), torch.randn(2)
     expected = net(x, y)["loss"]
-    static = StaticRows(batch_size=8, label_names=["labels"], labels_into_forward=True)
-    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"), static.padding(net, net, rows=2):
+    static = StaticRows(label_names=["labels"], labels_into_forward=True)
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"), static.padding(net, net, rows=2, size=8):
         got = net(x, y)["loss"]
     assert torch.equal(got, expected)
     assert not static.enabled and UNPADDED in caplog.text
@@ -189,8 +189,8 @@ def test_batch_norm_models_are_never_padded(caplog):
     net = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
     seen = []
     net.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0].size(0)))
-    static = StaticRows(batch_size=8, label_names=["labels"], labels_into_forward=True)
-    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"), static.padding(net, net, rows=2):
+    static = StaticRows(label_names=["labels"], labels_into_forward=True)
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"), static.padding(net, net, rows=2, size=8):
         net(torch.randn(2, 3))
     assert seen == [2] and "batch-norm" in caplog.text
 
