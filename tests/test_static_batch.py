@@ -29,6 +29,19 @@ class OwnLossTrainer(GaudiTrainer):
         return (loss, outputs) if return_outputs else loss
 
 
+class PlainRegressor(nn.Module):
+    """A user's own model, no transformers loss machinery: MSE on a float label inside its forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte, self.head = nn.Embedding(100, 16), nn.Linear(16, 1)
+
+    def forward(self, input_ids, labels=None):
+        prediction = self.head(self.wte(input_ids).mean(dim=1)).squeeze(-1)
+        loss = None if labels is None else nn.functional.mse_loss(prediction, labels)
+        return {"loss": loss, "logits": prediction}
+
+
 def config(**overrides):
     base = dict(vocab_size=100, n_layer=1, n_embd=32, n_head=2, n_positions=LENGTH, pad_token_id=0)
     # dropout off: a padded batch draws masks of another shape, so equality could only hold in distribution
@@ -38,7 +51,7 @@ def config(**overrides):
 def data(task):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, 100, (SAMPLES, LENGTH), generator=g)
-    if task in ("regression", "own_compute_loss"):
+    if task in ("regression", "own_compute_loss", "plain_regression"):
         labels = (torch.randn(SAMPLES, generator=g) * 0.5).tolist()
     elif task == "classification":
         labels = torch.randint(0, 3, (SAMPLES,), generator=g).tolist()
@@ -49,6 +62,8 @@ def data(task):
 
 def model(task):
     torch.manual_seed(0)
+    if task == "plain_regression":
+        return PlainRegressor()
     if task in ("regression", "own_compute_loss"):
         return GPT2ForSequenceClassification(config(num_labels=1))
     if task == "classification":
@@ -58,6 +73,7 @@ def model(task):
 
 TASKS = {
     "regression": ({}, GaudiTrainer),
+    "plain_regression": ({}, GaudiTrainer),
     "classification": ({}, GaudiTrainer),
     "own_compute_loss": ({}, OwnLossTrainer),
     "label_smoothing": ({"label_smoothing_factor": 0.1}, GaudiTrainer),
@@ -73,7 +89,8 @@ def train(task, tmp_path, **kwargs):
     args = GaudiTrainingArguments(output_dir=str(tmp_path), **settings)
     net = model(task)
     rows = []
-    net.transformer.wte.register_forward_pre_hook(lambda module, inputs: rows.append(inputs[0].size(0)))
+    embedding = net.transformer.wte if hasattr(net, "transformer") else net.wte
+    embedding.register_forward_pre_hook(lambda module, inputs: rows.append(inputs[0].size(0)))
     trainer = trainer_cls(model=net, args=args, train_dataset=data(task))
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
@@ -109,6 +126,7 @@ def test_lazy_mode_on_cpu_pads_nothing_and_changes_nothing(task, tmp_path):
 # only shows after a padded forward: that forward is thrown away and the batch rerun unpadded.
 LAST_ROWS_LAZY = {
     "regression": [8, 2],
+    "plain_regression": [2],  # labels go into a forward without loss_function: never padded
     "classification": [8, 2],
     "own_compute_loss": [8],
     "label_smoothing": [8],
