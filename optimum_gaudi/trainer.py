@@ -151,7 +151,7 @@ class GaudiTrainerMixin(TrainerShims):
         if not self.gaudi_device.static_shapes(args.use_lazy_mode):  # HPU Graphs need lazy mode on a Gaudi
             return None
         label_names = sorted({*self.label_names, "labels", "label", "label_ids"})
-        return StaticRows(self._train_batch_size, label_names, labels_into_forward=not args.use_hpu_graphs_for_training)
+        return StaticRows(label_names, labels_into_forward=not args.use_hpu_graphs_for_training)
 
     def _build_accelerator_args(self, **kwargs) -> dict[str, Any]:
         accelerator_args = super()._build_accelerator_args(**kwargs)
@@ -202,7 +202,7 @@ class GaudiTrainerMixin(TrainerShims):
         if self._static_rows is None or rows is None:
             loss = super().training_step(model, inputs, num_items_in_batch)
         else:
-            with self._static_rows.padding(model, self.accelerator.unwrap_model(model), rows):
+            with self._static_rows.padding(model, self.accelerator.unwrap_model(model), rows, self._train_batch_size):
                 loss = super().training_step(model, inputs, num_items_in_batch)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # after backward
@@ -286,6 +286,7 @@ class GaudiTrainerMixin(TrainerShims):
             logs.update(self._throughput.interval(self.state.global_step, world))
             if self.is_world_process_zero():
                 logs.update(self.gaudi_device.memory_stats())
+            self._run_totals_snapshot(self.control, logged=True)
         super().log(logs, start_time)
 
     # ---- a resumed run reports the whole run ------------------------------------------------------------
@@ -299,11 +300,30 @@ class GaudiTrainerMixin(TrainerShims):
             self._total_loss_scalar = carried["loss_sum"]
             self._initial_global_step = self._run_first_step
 
-    def _run_totals_snapshot(self, control) -> None:
-        """Before a possible checkpoint: store the totals so far in the state it saves."""
+    def _load_callback_state(self) -> None:
+        """--restore_callback_states_from_checkpoint: our totals are no callback's state; keep them out of
+        transformers' matching, which would warn that a checkpoint callback is missing."""
+        carried = self.state.stateful_callbacks.pop(RUN_TOTALS_KEY, None)
+        try:
+            super()._load_callback_state()
+        finally:
+            if carried is not None:
+                self.state.stateful_callbacks[RUN_TOTALS_KEY] = carried
+
+    def _run_totals_snapshot(self, control, logged: bool = False) -> None:
+        """Before a possible checkpoint: store the totals so far in the state it saves.
+
+        Called at each step end and again from log(), which runs before the save of a logging step. The loss
+        not yet logged lives in ``_tr_loss`` from transformers 5 on; older releases keep it in a local, so
+        there the totals are exact when checkpoints fall on logging steps (as transformers' own resumed loss
+        logs need too).
+        """
         if not (control.should_save or control.should_evaluate):
             return
-        pending = nested_gather(self._tr_loss, self.args.parallel_mode).mean().item()  # not yet logged
+        tr_loss = getattr(self, "_tr_loss", None)
+        if tr_loss is None and not logged:
+            return
+        pending = 0.0 if tr_loss is None else nested_gather(tr_loss, self.args.parallel_mode).mean().item()
         self.state.stateful_callbacks[RUN_TOTALS_KEY] = {
             "first_step": self._run_first_step,
             "loss_sum": self._total_loss_scalar + pending,
