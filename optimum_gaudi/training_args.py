@@ -105,6 +105,10 @@ class GaudiTrainingArgumentsMixin:
     )
 
     def __post_init__(self) -> None:
+        # TrainingArguments.__post_init__ would turn torch_compile on from its mode or backend, but only after
+        # the checks below ran; apply its rule first so they see the flag the run will really have.
+        if self.torch_compile_mode is not None or self.torch_compile_backend is not None:
+            self.torch_compile = True
         self._validate_gaudi_flags()
         _check_standard_flags(self)
         self.gaudi_config = GaudiConfig.from_pretrained(self.gaudi_config_name) if self.gaudi_config_name else None
@@ -172,12 +176,11 @@ class GaudiTrainingArgumentsMixin:
             fail(
                 "--pipelining_fwd_bwd adds a mark_step in lazy mode only; add --use_lazy_mode or drop --pipelining_fwd_bwd."
             )
+        compiling = self._compile_flags()
         if self.torch_compile and (self.use_hpu_graphs_for_training or self.use_hpu_graphs_for_inference):
-            fail(
-                "--torch_compile cannot be combined with HPU Graphs; choose --torch_compile or --use_hpu_graphs_for_*."
-            )
+            fail(f"{compiling} cannot be combined with HPU Graphs; choose compilation or --use_hpu_graphs_for_*.")
         if self.torch_compile and self.use_lazy_mode:
-            fail("--torch_compile needs eager mode; drop --use_lazy_mode when compiling.")
+            fail(f"{compiling} needs eager mode; drop --use_lazy_mode when compiling.")
         if self.half_precision_backend != "auto" and not self.bf16:
             logger.warning(
                 "--half_precision_backend %s has no effect without --bf16 or a Gaudi config with use_torch_autocast.",
@@ -190,6 +193,12 @@ class GaudiTrainingArgumentsMixin:
         for flag in ("profiling_record_shapes", "profiling_with_stack"):
             if getattr(self, flag) and self.profiling_steps == 0:
                 logger.warning("--%s is ignored while --profiling_steps is 0.", flag)
+
+    def _compile_flags(self) -> str:
+        """The flags that turn compilation on, as the user wrote them."""
+        given = [f"--{name} {getattr(self, name)}" for name in ("torch_compile_mode", "torch_compile_backend")]
+        given = [flag for flag in given if not flag.endswith(" None")]
+        return f"{' '.join(given)} (which turns on --torch_compile)" if given else "--torch_compile"
 
     def _set_bridge_environment(self) -> None:
         """PT_HPU_LAZY_MODE and the autocast op-list files are read once, when habana_frameworks is imported."""
