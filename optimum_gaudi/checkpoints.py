@@ -270,7 +270,8 @@ def remove_staging_leftovers(run_dir: str | os.PathLike) -> None:
 
 
 def publish(staged: Path, final: Path) -> None:
-    """Rename the staged checkpoint into place; one that exists already (same step) is replaced."""
+    """Rename the staged checkpoint into place. One that exists already (the same step saved again) is moved
+    aside first: a kill between the two renames leaves the previous complete checkpoint to resume from."""
     old = final.parent / f"{STAGING_PREFIX}replaced-{final.name}"
     if final.exists():
         os.replace(final, old)
@@ -279,7 +280,7 @@ def publish(staged: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def rotate_checkpoints(run_dir: str | os.PathLike, limit: int | None, keep: set[str]) -> None:
+def rotate_checkpoints(run_dir: str | os.PathLike, limit: int | None, keep: set[str | None]) -> None:
     """Keep at most ``limit`` checkpoints: delete incomplete ones first, then the oldest; never ``keep`` nor the
     newest complete one."""
     if not limit or limit <= 0:
@@ -304,17 +305,26 @@ def disk_full(path: str | os.PathLike, exc: BaseException | None = None) -> bool
     """Whether a failure is the disk being full: ENOSPC somewhere in the chain, or almost no space left.
 
     torch.save reports a full disk as an opaque RuntimeError, hence the look at the free space."""
-    while exc is not None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
         if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(exc):
             return True
         exc = exc.__cause__ or exc.__context__
-    existing = Path(path)
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    return _free_bytes(path) < MIN_FREE_BYTES
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _free_bytes(path: str | os.PathLike) -> int:
     try:
-        return shutil.disk_usage(existing).free < MIN_FREE_BYTES
+        return shutil.disk_usage(_nearest_existing(Path(path))).free
     except OSError:
-        return False
+        return 1 << 62  # unknown: not full
 
 
 class DiskFullError(UserError, OSError):
@@ -329,9 +339,8 @@ def disk_full_is_user_error(path: str | os.PathLike, what: str) -> Iterator[None
     except Exception as e:
         if isinstance(e, UserError) or not disk_full(path, e):
             raise
-        free = shutil.disk_usage(Path(path) if Path(path).exists() else Path(path).parent).free
         raise DiskFullError(
-            f"no space left on the device of {path} while saving {what} ({free // 1024} KiB free); "
+            f"no space left on the device of {path} while saving {what} ({_free_bytes(path) // 1024} KiB free); "
             "free some space or choose another --output_dir, then resume with --resume_from_checkpoint true."
         ) from e
 
@@ -376,12 +385,6 @@ def staged_checkpoint(run_dir: str | os.PathLike, state: Any, args: Any, barrier
 
 
 # ---- the output directory -----------------------------------------------------------------------------------
-
-
-def _nearest_existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
 
 
 def check_output_dir(args: Any) -> None:
