@@ -64,7 +64,7 @@ def test_lazy_mode_full_gaudi_path(bridge, tmp_path, tiny_gpt2, tiny_lm_data):
         "hpex.optimizers.FusedAdamW.step",
         "core.mark_step",
     ]
-    body = [c for c in names(train_calls) if c != "hpu.memory_stats"]
+    body = [c for c in names(train_calls) if c not in ("hpu.memory_stats", "hpu.ModuleCacher.capture")]
     first_step = body.index("hpu.ModuleCacher.forward")
     assert body[first_step:] == step * 2
     assert body[:first_step] == ["hpex.optimizers.FusedAdamW", "hpu.ModuleCacher", "hpu.ModuleCacher.__call__"]
