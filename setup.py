@@ -21,9 +21,11 @@ setup(
         "tokenizers>=0.20",
     ],
     extras_require={
-        "tests": ["pytest>=8", "matplotlib>=3.5"],  # matplotlib: the plot command is tested too
+        # matplotlib: the plot command is tested too; trl: optimum_gaudi.trl is tested too
+        "tests": ["pytest>=8", "matplotlib>=3.5", "trl>=1.16"],
         "quality": ["ruff>=0.6"],
         "plot": ["matplotlib>=3.5"],
+        "trl": ["trl>=1.16"],  # optimum_gaudi.trl: GaudiSFTTrainer, GaudiDPOTrainer, GaudiGRPOTrainer
     },
     entry_points={"console_scripts": ["optimum-gaudi=optimum_gaudi.cli:main"]},
 )

@@ -91,8 +91,9 @@ def test_wrap_in_hpu_graph_replays_static_outputs_without_gradient(bridge, monke
     assert torch.equal(first_in, second_in)  # the capture's input tensor received the new input
     again = model(torch.randn(4, 3))
     assert again is replayed  # the same static output tensor, refreshed in place
-    names = bridge().names()
-    assert names.count("hpu.wrap_in_hpu_graph.capture") == 1 and names.count("hpu.wrap_in_hpu_graph.replay") == 2
+    forward = "hpu.wrap_in_hpu_graph.forward"
+    assert len(bridge().calls_named(forward, mode="capture")) == 1
+    assert len(bridge().calls_named(forward, mode="replay")) == 2
 
 
 def test_wrap_in_hpu_graph_bounds_graphs_only_when_asked(bridge, monkeypatch):
@@ -103,8 +104,9 @@ def test_wrap_in_hpu_graph_bounds_graphs_only_when_asked(bridge, monkeypatch):
         for rows in range(1, 6):
             unbounded(torch.randn(rows, 3))
             bounded(torch.randn(rows, 3))
-    assert [c.kwargs["graphs"] for c in bridge().calls_named("hpu.wrap_in_hpu_graph.capture")] == [1, 1, 2, 2, 3, 4, 5]
-    assert len(bridge().calls_named("hpu.wrap_in_hpu_graph.uncached")) == 3
+    captures = bridge().calls_named("hpu.wrap_in_hpu_graph.forward", mode="capture")
+    assert [c.kwargs["graphs"] for c in captures] == [1, 1, 2, 2, 3, 4, 5]
+    assert len(bridge().calls_named("hpu.wrap_in_hpu_graph.forward", mode="uncached")) == 3
 
 
 def test_module_cacher_defaults_and_refuses_star_args(bridge, monkeypatch):

@@ -224,6 +224,10 @@ class HPUDevice(Device):
             return model
         return hthpu.wrap_in_hpu_graph(model, disable_tensor_cache=disable_tensor_cache, max_graphs=max_graphs)
 
+    def static_shapes(self, lazy_mode: bool) -> bool:
+        """Lazy mode compiles (and HPU Graphs capture) one graph per input shape."""
+        return lazy_mode
+
     def capture_graph(self, fn: Callable[..., Any], static_inputs: tuple) -> tuple[Any, Callable[[], None]]:
         hthpu = self._graphs_or_warn("HPUGraph")
         if hthpu is None:

@@ -19,7 +19,7 @@ process started with ``tests/fakes`` on PYTHONPATH autoloads this simulator as t
 
 Inspection API (only in the simulator):
 
-- ``calls``: list of :class:`Call` records, in call order; ``names()``, ``calls_named(name)``.
+- ``calls``: list of :class:`Call` records, in call order; ``names()``, ``calls_named(name, **kwargs)``.
 - ``env_at_import``: the PT_HPU_* (and related) variables when ``habana_frameworks.torch`` was imported,
   which is when the real bridge reads them. ``None`` before that.
 - ``autocast_lists``: the (bf16, fp32) op sets the loaded bridge autocasts with (read once at import).
@@ -107,8 +107,9 @@ def names() -> list[str]:
     return [c.name for c in calls]
 
 
-def calls_named(name: str) -> list[Call]:
-    return [c for c in calls if c.name == name]
+def calls_named(name: str, **match: Any) -> list[Call]:
+    """The records with that name (and those keyword values, e.g. ``mode="replay"``)."""
+    return [c for c in calls if c.name == name and all(c.kwargs.get(k) == v for k, v in match.items())]
 
 
 def reset() -> None:

@@ -178,13 +178,15 @@ def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dr
         captured = cache.get(key)
         if captured is None:
             if max_graphs is not None and len(cache) == max_graphs:
-                _hf.record("hpu.wrap_in_hpu_graph.uncached", training=module.training, graphs=len(cache))
+                _hf.record(
+                    "hpu.wrap_in_hpu_graph.forward", mode="uncached", training=module.training, graphs=len(cache)
+                )
                 return orig_forward(*args, **kwargs)
             outputs = orig_forward(*args, **kwargs)
             cache[key] = _Captured((args, kwargs), outputs)
-            _hf.record("hpu.wrap_in_hpu_graph.capture", training=module.training, graphs=len(cache))
+            _hf.record("hpu.wrap_in_hpu_graph.forward", mode="capture", training=module.training, graphs=len(cache))
             return outputs
-        _hf.record("hpu.wrap_in_hpu_graph.replay", training=module.training, graphs=len(cache))
+        _hf.record("hpu.wrap_in_hpu_graph.forward", mode="replay", training=module.training, graphs=len(cache))
         if warmup_mode:
             return captured.outputs
         with torch.no_grad():
