@@ -23,6 +23,7 @@ Inspection API (only in the simulator):
 - ``env_at_import``: the PT_HPU_* (and related) variables when ``habana_frameworks.torch`` was imported,
   which is when the real bridge reads them. ``None`` before that.
 - ``autocast_lists``: the (bf16, fp32) op sets the loaded bridge autocasts with (read once at import).
+- ``FAKE_HPU_CALL_LOG=PATH``: a process that loads the simulator writes that (JSON) to ``PATH.RANK`` at exit.
 - ``reset()``: empty the log. ``unload()``: forget the import (modules, torch patches) so a test can
   import it again under another environment.
 """
@@ -118,6 +119,24 @@ def reset() -> None:
 
 def snapshot_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
+
+
+def dump_log_at_exit() -> None:
+    """With FAKE_HPU_CALL_LOG=PATH, write the call names, env_at_import and autocast lists to PATH.RANK
+    (JSON) when the process exits: how a test reads what the simulator saw in a subprocess."""
+    path = os.environ.get("FAKE_HPU_CALL_LOG")
+    if not path:
+        return
+    import atexit
+    import json
+
+    def dump() -> None:
+        lists = None if autocast_lists is None else [sorted(autocast_lists[0]), sorted(autocast_lists[1])]
+        data = {"names": names(), "env_at_import": env_at_import, "autocast_lists": lists}
+        with open(f"{path}.{os.environ.get('RANK', '0')}", "w") as f:
+            json.dump(data, f)
+
+    atexit.register(dump)
 
 
 def on_unload(undo: Callable[[], None]) -> None:

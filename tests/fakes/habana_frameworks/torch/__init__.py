@@ -40,6 +40,7 @@ _hf.env_at_import = _hf.snapshot_env()
 from ._autocast_lists import load as _load_autocast_lists  # noqa: E402
 
 _hf.autocast_lists = _load_autocast_lists()  # (bf16 ops, fp32 ops), fixed for the life of the process
+_hf.dump_log_at_exit()
 _hf.record("import", lazy=is_lazy(), generation=_hf.generation(), env=dict(_hf.env_at_import))
 
 from . import activity_profiler, core, distributed, hpu  # noqa: E402, F401
