@@ -258,6 +258,16 @@ def test_an_unknown_op_name_warns_once_with_the_closest_known_op(caplog):
     assert len(warnings) == 1 and "cross_entropy_loss" in warnings[0]
 
 
+def test_op_list_warnings_on_cpu_are_said_once_not_every_step(tmp_path, tiny_gpt2, tiny_lm_data, caplog):
+    args = GaudiTrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, gaudi_config_name="gpt2", max_steps=3, report_to=[], save_strategy="no"
+    )
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        GaudiTrainer(model=tiny_gpt2(), args=args, train_dataset=tiny_lm_data).train()
+    about_ops = [r for r in caplog.records if r.name in ("optimum_gaudi.precision", "optimum_gaudi.op_lists")]
+    assert len(about_ops) <= 2  # at most one line from each module, whatever the number of steps
+
+
 # ---- 8. bridge built for another torch -----------------------------------------------------------------------
 def test_bridge_for_another_torch_is_a_clear_line_not_a_crash(bridge, monkeypatch, caplog):
     from optimum_gaudi.devices import hpu_available
