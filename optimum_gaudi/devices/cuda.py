@@ -49,6 +49,10 @@ class CUDADevice(Device):
     def reset_peak_memory_stats(self) -> None:
         torch.cuda.reset_peak_memory_stats()
 
+    def memory_info(self) -> tuple[int, int]:
+        free, total = torch.cuda.mem_get_info(torch.cuda.current_device())
+        return int(free), int(total)
+
     def memory_stats(self) -> dict[str, float]:
         index = torch.cuda.current_device()
         return {
