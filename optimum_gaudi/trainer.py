@@ -26,6 +26,7 @@ from .distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcas
 from .events import InternalCallbackHandler
 from .features import feature_table
 from .metrics import Throughput
+from .op_lists import config_uses_op_lists, resolve_op_lists
 from .profiling import GaudiProfilerCallback
 from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin
 
@@ -47,6 +48,7 @@ class _LoopHooks(TrainerCallback):
         self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer.gaudi_device.reset_peak_memory_stats()  # the run's peak memory, not the process's
         self.trainer._run_totals_begin()
 
     def on_optimizer_step(self, args, state, control, **kwargs):
@@ -121,6 +123,10 @@ class GaudiTrainerMixin(TrainerShims):
         self._pipelining_mark_step = self._lazy_mark_step if args.pipelining_fwd_bwd else None
         self._autocast = self._select_autocast(args)
         self._graph_wrapped: set[tuple[bool, int]] = set()
+        self._said_no_eval_graphs = False
+        self._inference_wrapped: tuple[nn.Module, Any] | None = None  # (model, its forward before the graph)
+        self._grad_clipper: tuple[int, float, Any] | None = None  # (id of the model, max_norm, clipper)
+        self.gaudi_device.set_dynamic_shapes(self.gaudi_config.use_dynamic_shapes)
 
         super().__init__(*trainer_args, **trainer_kwargs)
 
@@ -136,15 +142,17 @@ class GaudiTrainerMixin(TrainerShims):
             logger.warning("Gaudi features on this run:\n%s\nGaudi arguments: %s", table, flags)
 
     def _select_autocast(self, args: GaudiTrainingArgumentsMixin):
-        """bf16 autocast from the Gaudi config's op lists, or from `use_torch_autocast` alone.
+        """bf16 autocast on the Gaudi config's op lists (a list left out is Habana's default list), the same
+        lists on every device.
 
-        Plain ``--bf16`` without op lists is left to accelerate, exactly as transformers.Trainer does it.
+        Plain ``--bf16`` without a config that autocasts is left to accelerate, exactly as transformers.Trainer
+        does it.
         """
         config = self.gaudi_config
-        has_lists = bool(config.autocast_bf16_ops or config.autocast_fp32_ops)
-        if not (config.use_torch_autocast or args.bf16) or (args.bf16 and not has_lists):
+        if not (config.use_torch_autocast or (args.bf16 and config_uses_op_lists(config))):
             return None
-        return args.autocast_device.autocast_factory(config.autocast_bf16_ops, config.autocast_fp32_ops)
+        bf16_ops, fp32_ops = resolve_op_lists(config.autocast_bf16_ops, config.autocast_fp32_ops)
+        return args.autocast_device.autocast_factory(bf16_ops, fp32_ops)
 
     def _select_static_rows(self, args: GaudiTrainingArguments) -> StaticRows | None:
         """Pad short batches only where the device compiles a graph per input shape."""
@@ -163,17 +171,45 @@ class GaudiTrainerMixin(TrainerShims):
 
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
         model = super()._wrap_model(model, training, dataloader)
-        if training and self._use_fast_ddp() and not isinstance(model, FastDDPModel):
-            model = self._wrap_for_fast_ddp(model)
-        # The device wrappers patch the module in place; wrap each module once across train/evaluate calls.
-        graphs = self.args.use_hpu_graphs_for_training if training else self.args.use_hpu_graphs_for_inference
-        if graphs and (training, id(model)) not in self._graph_wrapped:
-            self._graph_wrapped.add((training, id(model)))
-            if training:
+        # The bridge's graph wrappers patch the module's forward in place: wrap each module once.
+        if training:
+            self._unwrap_inference_graph(model)
+            if self.args.use_hpu_graphs_for_training and (True, id(model)) not in self._graph_wrapped:
+                self._graph_wrapped.add((True, id(model)))
+                # before fast_ddp: ModuleCacher refuses a forward(*args), and caches the model's own signature
                 model = self.gaudi_device.wrap_for_training(model, self.args.max_hpu_graphs)
-            else:
-                model = self.gaudi_device.wrap_for_inference(model, self.args.disable_tensor_cache_hpu_graphs)
-        return model
+            if self._use_fast_ddp() and not isinstance(model, FastDDPModel):
+                model = self._wrap_for_fast_ddp(model)
+            return model
+        if not self.args.use_hpu_graphs_for_inference or (False, id(model)) in self._graph_wrapped:
+            return model
+        if self.is_in_train:
+            # A graph wrapper replays in every mode, so wrapping the model being trained would make the next
+            # training forwards replay an inference graph (static outputs, no gradient).
+            if not self._said_no_eval_graphs:
+                self._said_no_eval_graphs = True
+                logger.warning(
+                    "Evaluations during training run without HPU Graphs (a graph would also replay in the "
+                    "training forwards); evaluate() and predict() after training use them."
+                )
+            return model
+        self._graph_wrapped.add((False, id(model)))
+        self._inference_wrapped = (model, model.__dict__.get("forward"))
+        return self.gaudi_device.wrap_for_inference(
+            model, self.args.disable_tensor_cache_hpu_graphs, max_graphs=self.args.max_hpu_graphs
+        )
+
+    def _unwrap_inference_graph(self, model: nn.Module) -> None:
+        """Training again after evaluate(): give the model back the forward it had before its inference graph."""
+        if self._inference_wrapped is None or self._inference_wrapped[0] is not model:
+            return
+        _, forward = self._inference_wrapped
+        if forward is None:
+            model.__dict__.pop("forward", None)
+        else:
+            model.forward = forward
+        self._inference_wrapped = None
+        self._graph_wrapped.discard((False, id(model)))
 
     def _use_fast_ddp(self) -> bool:
         return self.args.distribution_strategy == "fast_ddp" and self.args.world_size > 1
@@ -246,7 +282,10 @@ class GaudiTrainerMixin(TrainerShims):
         if not self.gaudi_config.use_fused_clip_norm or self.is_deepspeed_enabled or self.is_fsdp_enabled:
             return super()._clip_grad_norm(model)
         self.accelerator.unscale_gradients()
-        return self.gaudi_device.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
+        max_norm = self.args.max_grad_norm
+        if self._grad_clipper is None or self._grad_clipper[:2] != (id(model), max_norm):
+            self._grad_clipper = (id(model), max_norm, self.gaudi_device.grad_clipper(model.parameters(), max_norm))
+        return self._grad_clipper[2]()
 
     # ---- checkpoints --------------------------------------------------------------------------------
 

@@ -17,14 +17,16 @@ from transformers import TrainingArguments
 
 from .configuration import GaudiConfig
 from .devices import CPUDevice, Device, detect_device
-from .devices.hpu import bridge_imported, bridge_installed, export_autocast_op_lists
+from .devices.hpu import bridge_installed, prepare_bridge
 from .errors import UserError
+from .op_lists import config_uses_op_lists, resolve_op_lists
 
 logger = logging.getLogger(__name__)
 
 DISTRIBUTION_STRATEGIES = ("ddp", "fast_ddp")
 HALF_PRECISION_BACKENDS = ("auto", "hpu_amp", "cpu_amp")
 FAST_DDP_DTYPES = ("auto", "float32", "bfloat16")
+DEFAULT_MAX_HPU_GRAPHS = 10  # ModuleCacher's default in the bridge (hpu/graphs.py)
 
 
 class GaudiArgumentError(UserError, ValueError):
@@ -57,8 +59,13 @@ class GaudiTrainingArgumentsMixin:
     use_hpu_graphs_for_inference: bool = field(
         default=False, metadata={"help": "Wrap the model in HPU Graphs for evaluation and prediction."}
     )
-    max_hpu_graphs: int | None = field(
-        default=None, metadata={"help": "Most HPU Graphs kept per module by ModuleCacher (training)."}
+    max_hpu_graphs: int = field(
+        default=DEFAULT_MAX_HPU_GRAPHS,
+        metadata={
+            "help": "Most HPU Graphs kept per model (one per input shape), for training (ModuleCacher) and for "
+            "evaluation (wrap_in_hpu_graph); forwards of other shapes run without a graph. Default: 10, the "
+            "bridge's own ModuleCacher default."
+        },
     )
     disable_tensor_cache_hpu_graphs: bool = field(
         default=False, metadata={"help": "Do not cache graph tensors in inference HPU Graphs (saves memory)."}
@@ -160,8 +167,8 @@ class GaudiTrainingArgumentsMixin:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 fail(f"--{name} must be a whole number >= 0, got {value!r}.")
-        if self.max_hpu_graphs is not None and self.max_hpu_graphs < 1:
-            fail(f"--max_hpu_graphs must be >= 1 (or unset for no limit), got {self.max_hpu_graphs}.")
+        if not isinstance(self.max_hpu_graphs, int) or self.max_hpu_graphs < 1:
+            fail(f"--max_hpu_graphs must be >= 1 (default {DEFAULT_MAX_HPU_GRAPHS}), got {self.max_hpu_graphs!r}.")
         if self.distribution_strategy == "fast_ddp" and (self.deepspeed or self.fsdp):
             engine = "--deepspeed" if self.deepspeed else "--fsdp"
             fail(
@@ -186,8 +193,9 @@ class GaudiTrainingArgumentsMixin:
                 "--half_precision_backend %s has no effect without --bf16 or a Gaudi config with use_torch_autocast.",
                 self.half_precision_backend,
             )
-        if self.max_hpu_graphs is not None and not self.use_hpu_graphs_for_training:
-            logger.warning("--max_hpu_graphs is ignored without --use_hpu_graphs_for_training.")
+        graphs = self.use_hpu_graphs_for_training or self.use_hpu_graphs_for_inference
+        if self.max_hpu_graphs != DEFAULT_MAX_HPU_GRAPHS and not graphs:
+            logger.warning("--max_hpu_graphs is ignored without --use_hpu_graphs_for_training/inference.")
         if self.disable_tensor_cache_hpu_graphs and not self.use_hpu_graphs_for_inference:
             logger.warning("--disable_tensor_cache_hpu_graphs is ignored without --use_hpu_graphs_for_inference.")
         for flag in ("profiling_record_shapes", "profiling_with_stack"):
@@ -201,16 +209,18 @@ class GaudiTrainingArgumentsMixin:
         return f"{' '.join(given)} (which turns on --torch_compile)" if given else "--torch_compile"
 
     def _set_bridge_environment(self) -> None:
-        """PT_HPU_LAZY_MODE and the autocast op-list files are read once, when habana_frameworks is imported."""
-        if self.gaudi_config is not None and bridge_installed():
-            export_autocast_op_lists(self.gaudi_config.autocast_bf16_ops, self.gaudi_config.autocast_fp32_ops)
-        wanted = "1" if self.use_lazy_mode else "0"
-        if bridge_imported() and os.environ.get("PT_HPU_LAZY_MODE", wanted) != wanted:
-            raise GaudiArgumentError(
-                "habana_frameworks was imported before GaudiTrainingArguments with a different PT_HPU_LAZY_MODE; "
-                f"set PT_HPU_LAZY_MODE={wanted} in the environment or build the arguments before importing it."
-            )
-        os.environ["PT_HPU_LAZY_MODE"] = wanted
+        """Lazy mode and the autocast op lists reach the bridge: set before it loads, or checked against the
+        loaded bridge's own answer (Gaudi software 1.21+ loads it during `import torch`)."""
+        if not bridge_installed():
+            os.environ["PT_HPU_LAZY_MODE"] = "1" if self.use_lazy_mode else "0"  # for a bridge Python finds later
+            return
+        config = self.gaudi_config
+        op_lists = None
+        if config is not None and config_uses_op_lists(config):
+            op_lists = resolve_op_lists(config.autocast_bf16_ops, config.autocast_fp32_ops)
+        problem = prepare_bridge(self.use_lazy_mode, op_lists)
+        if problem is not None:
+            raise GaudiArgumentError(problem)
 
     def _validate_for_device(self, device: Device) -> None:
         graphs = self.use_hpu_graphs_for_training or self.use_hpu_graphs_for_inference

@@ -582,11 +582,16 @@ def run(plan: LaunchPlan, command: Sequence[str], env: Mapping[str, str] | None 
 
 def launch(args: argparse.Namespace) -> int:
     """``optimum-gaudi launch``: raise LaunchError for settings that cannot work, else run the job."""
+    from ..op_lists import launch_environment
+
     plan = resolve(args)
     command = build_command(plan)
+    bridge_env = launch_environment(plan.script_args)  # read by the Gaudi bridge when it loads, before our code
     if args.dry_run:
-        print(shlex.join(command))
+        print(shlex.join([*(f"{k}={v}" for k, v in bridge_env.items()), *command]))
         return 0
     if plan.nnodes == 1 or (plan.node_rank == 0 and plan.per_node):  # node 0 runs here: the port must be free
         check_port_free(plan.master_port)
-    return run(plan, command)
+    if bridge_env:
+        print(f"optimum-gaudi launch: {' '.join(f'{k}={v}' for k, v in bridge_env.items())}", file=sys.stderr)
+    return run(plan, command, {**os.environ, **bridge_env})
