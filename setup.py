@@ -21,9 +21,12 @@ setup(
         "tokenizers>=0.20",
     ],
     extras_require={
-        "tests": ["pytest>=8", "matplotlib>=3.5"],  # matplotlib: the plot command is tested too
+        # matplotlib: the plot command is tested too; deepspeed: ZeRO 1-3 run on 2 CPU processes in the tests
+        "tests": ["pytest>=8", "matplotlib>=3.5", "deepspeed>=0.14"],
         "quality": ["ruff>=0.6"],
         "plot": ["matplotlib>=3.5"],
+        # upstream DeepSpeed for CPU and CUDA; a Gaudi needs Habana's fork instead (examples/deepspeed/README.md)
+        "deepspeed": ["deepspeed>=0.14"],
     },
     entry_points={"console_scripts": ["optimum-gaudi=optimum_gaudi.cli:main"]},
 )
