@@ -7,6 +7,7 @@ part. With every Gaudi feature off it is transformers.Trainer, step for step.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 from typing import Any
@@ -17,12 +18,13 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_pt_utils import find_batch_size
 
 from .batching import StaticBatchCollator
+from .compat import check_trainer_hooks
 from .configuration import GaudiConfig
 from .distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from .features import feature_table
 from .metrics import ThroughputCallback
 from .profiling import GaudiProfilerCallback
-from .training_args import GaudiTrainingArguments
+from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin
 
 logger = logging.getLogger(__name__)
 
@@ -40,28 +42,40 @@ class _MarkStepAfterOptimizer(TrainerCallback):
         self.mark_step()
 
 
-class GaudiTrainer(Trainer):
-    """Trainer for Gaudi (HPU) that runs unchanged on CUDA and CPU.
+def _bind_trainer_args(parent_init, cls: type, args: tuple, kwargs: dict) -> inspect.BoundArguments:
+    """Binds the call to the parent Trainer's own signature, so that ``args`` is found by name or position
+    whatever comes before it (TRL's DPOTrainer takes ``ref_model`` first, GRPOTrainer ``reward_funcs``)."""
+    signature = inspect.signature(parent_init)
+    if "args" not in signature.parameters:
+        raise TypeError(f"{cls.__name__}: the Trainer after GaudiTrainerMixin takes no `args` parameter.")
+    return signature.bind(*args, **kwargs)
 
-    Extra argument: ``gaudi_config`` (a GaudiConfig, or anything ``GaudiConfig.from_pretrained`` takes);
-    by default it comes from ``args.gaudi_config_name``, else every Gaudi feature is off.
+
+class GaudiTrainerMixin:
+    """The Gaudi features as narrow overrides of Trainer hooks; put it first to make any Trainer a Gaudi one.
+
+    ``class MyGaudiTrainer(GaudiTrainerMixin, MyTrainer)`` keeps MyTrainer's signature and adds one keyword,
+    ``gaudi_config`` (a GaudiConfig, or anything ``GaudiConfig.from_pretrained`` takes); by default it comes
+    from ``args.gaudi_config_name``, else every Gaudi feature is off. ``args`` must carry the Gaudi fields
+    (an instance of GaudiTrainingArgumentsMixin); when it is left out, ``gaudi_args_class`` builds one.
     """
 
+    gaudi_args_class: type = GaudiTrainingArguments
+
     def __init__(
-        self,
-        model: nn.Module | None = None,
-        args: GaudiTrainingArguments | None = None,
-        *trainer_args: Any,
-        gaudi_config: GaudiConfig | str | os.PathLike | None = None,
-        **trainer_kwargs: Any,
+        self, *trainer_args: Any, gaudi_config: GaudiConfig | str | os.PathLike | None = None, **trainer_kwargs: Any
     ) -> None:
+        bound = _bind_trainer_args(super().__init__, type(self), trainer_args, trainer_kwargs)
+        args = bound.arguments.get("args")
         if args is None:
-            args = GaudiTrainingArguments(output_dir="trainer_output")
-        if not isinstance(args, GaudiTrainingArguments):
+            args = bound.arguments["args"] = self.gaudi_args_class(output_dir="trainer_output")
+        if not isinstance(args, GaudiTrainingArgumentsMixin):
             raise TypeError(
-                f"GaudiTrainer needs GaudiTrainingArguments, got {type(args).__name__}; "
-                "build GaudiTrainingArguments(...) with the same keyword arguments."
+                f"{type(self).__name__} needs GaudiTrainingArguments (or arguments built with "
+                f"GaudiTrainingArgumentsMixin), got {type(args).__name__}; build {self.gaudi_args_class.__name__}(...) "
+                "with the same keyword arguments."
             )
+        check_trainer_hooks(type(self))
         if gaudi_config is not None and not isinstance(gaudi_config, GaudiConfig):
             gaudi_config = GaudiConfig.from_pretrained(gaudi_config)
         self.gaudi_config: GaudiConfig = gaudi_config or args.gaudi_config or GaudiConfig()
@@ -72,7 +86,7 @@ class GaudiTrainer(Trainer):
         self._autocast = self._select_autocast(args)
         self._graph_wrapped: set[tuple[bool, int]] = set()
 
-        super().__init__(model, args, *trainer_args, **trainer_kwargs)
+        super().__init__(*bound.args, **bound.kwargs)
 
         self._throughput = ThroughputCallback(args.throughput_warmup_steps)
         self.add_callback(self._throughput)
@@ -86,7 +100,7 @@ class GaudiTrainer(Trainer):
             flags = ", ".join(f"{k}={v}" for k, v in args.gaudi_flags().items())
             logger.warning("Gaudi features on this run:\n%s\nGaudi arguments: %s", table, flags)
 
-    def _select_autocast(self, args: GaudiTrainingArguments):
+    def _select_autocast(self, args: GaudiTrainingArgumentsMixin):
         """bf16 autocast from the Gaudi config's op lists, or from `use_torch_autocast` alone.
 
         Plain ``--bf16`` without op lists is left to accelerate, exactly as transformers.Trainer does it.
@@ -167,8 +181,10 @@ class GaudiTrainer(Trainer):
         self._throughput.eval_begin()
         return super().evaluation_loop(*args, **kwargs)
 
-    def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys=None):
-        outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+    def prediction_step(
+        self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys=None, **kwargs: Any
+    ):
+        outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **kwargs)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # run the queued evaluation graph before the next batch
         self._throughput.eval_batch(find_batch_size(inputs) or 0)
@@ -220,3 +236,7 @@ class GaudiTrainer(Trainer):
         super()._save(output_dir, state_dict=state_dict)
         if self.args.should_save:
             self.gaudi_config.save_pretrained(output_dir if output_dir is not None else self.args.output_dir)
+
+
+class GaudiTrainer(GaudiTrainerMixin, Trainer):
+    """Trainer for Gaudi (HPU) that runs unchanged on CUDA and CPU: GaudiTrainerMixin + transformers.Trainer."""

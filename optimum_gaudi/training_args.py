@@ -26,17 +26,16 @@ HALF_PRECISION_BACKENDS = ("auto", "hpu_amp", "cpu_amp")
 FAST_DDP_DTYPES = ("auto", "float32", "bfloat16")
 
 
-_HF_FIELDS = {f.name for f in fields(TrainingArguments)}
-
-
 class GaudiArgumentError(ValueError):
     """A Gaudi flag, or a combination of flags, that cannot work; the message says how to fix it."""
 
 
 @dataclass
-class GaudiTrainingArguments(TrainingArguments):
-    """TrainingArguments with Habana Gaudi options. On a machine without a Gaudi the same flags still
-    parse and the run falls back to CUDA or CPU (see the feature table logged at start-up)."""
+class GaudiTrainingArgumentsMixin:
+    """The Gaudi fields and their checks, for any TrainingArguments subclass: put it first, e.g.
+    ``@dataclass class MyArgs(GaudiTrainingArgumentsMixin, Seq2SeqTrainingArguments)``. On a machine without
+    a Gaudi the same flags still parse and the run falls back to CUDA or CPU (see the feature table logged
+    at start-up)."""
 
     use_habana: bool = field(
         default=False,
@@ -121,7 +120,7 @@ class GaudiTrainingArguments(TrainingArguments):
 
     def gaudi_flags(self) -> dict[str, object]:
         """The Gaudi flags and their values, for the run's log."""
-        return {f.name: getattr(self, f.name) for f in fields(GaudiTrainingArguments) if f.name not in _HF_FIELDS}
+        return {f.name: getattr(self, f.name) for f in fields(GaudiTrainingArgumentsMixin)}
 
     @property
     def fast_ddp_torch_dtype(self) -> torch.dtype:
@@ -204,3 +203,8 @@ class GaudiTrainingArguments(TrainingArguments):
             raise GaudiArgumentError("HPU Graphs need lazy mode on a Gaudi; add --use_lazy_mode.")
         if self.half_precision_backend == "hpu_amp" and device.type != "hpu":
             logger.warning("--half_precision_backend hpu_amp: no Gaudi here, autocast runs on %s.", device.type)
+
+
+@dataclass
+class GaudiTrainingArguments(GaudiTrainingArgumentsMixin, TrainingArguments):
+    """TrainingArguments with Habana Gaudi options: GaudiTrainingArgumentsMixin + TrainingArguments."""

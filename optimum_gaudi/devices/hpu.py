@@ -145,6 +145,10 @@ class HPUDevice(Device):
 
         return wrap_in_hpu_graph(model, disable_tensor_cache=disable_tensor_cache)
 
+    def static_shapes(self, lazy_mode: bool) -> bool:
+        """Lazy mode compiles (and HPU Graphs capture) one graph per input shape."""
+        return lazy_mode
+
     def capture_graph(self, fn: Callable[..., Any], static_inputs: tuple) -> tuple[Any, Callable[[], None]]:
         from habana_frameworks.torch.hpu import HPUGraph, graph
 
