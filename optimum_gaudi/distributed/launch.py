@@ -346,7 +346,7 @@ def _how(exitcode: int) -> str:
 
 def describe_failure(plan: LaunchPlan, output: str, returncode: int) -> str:
     """One line naming the rank that failed first, read from the launcher's report at the end of ``output``."""
-    where = f"node {plan.node_rank}" if plan.per_node else "one of the nodes"
+    where = f"node {plan.node_rank}" if plan.per_node or plan.nnodes == 1 else "one of the nodes"
     if plan.backend == "torchrun":
         roots = list(_ROOT_CAUSE.finditer(output))
         if roots:
