@@ -66,6 +66,7 @@ def launch(tmp_path: Path, plan: list[dict], *launcher_flags: str, timeout: int 
     command += [str(SCRIPT), str(out), str(plan_file), *COMMON]
     result = subprocess.run(command, env=job_env(), capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
+    (tmp_path / "stderr.txt").write_text(result.stderr)
     return {
         run["name"]: [json.loads((out / f"{run['name']}.rank{rank}.json").read_text()) for rank in (0, 1)]
         for run in plan
@@ -160,14 +161,19 @@ def test_zero_1_2_3_with_use_deepspeed_and_the_gaudi_features(tmp_path):
         assert_matches_ddp(zero[0], ddp)
         assert zero[0]["deepspeed"]["optimizer"] == "torch.optim.adamw.AdamW"
         assert zero[0]["deepspeed"]["optimizer_fused"] is True  # the device's fused AdamW (use_fused_adam)
+    log = (tmp_path / "stderr.txt").read_text()
+    said = "DeepSpeed replaces these Gaudi features on this run: use_fused_clip_norm"
+    assert log.count(said) == 3 and "use_fused_adam (the DeepSpeed config" not in log  # rank 0, each ZeRO run
 
 
 @pytest.mark.slow
 def test_zero_offload_steps_with_deepspeed_cpu_adam(tmp_path):
     """zero2_offload.json: the optimizer states live on the host and DeepSpeed's CPU Adam (a C++ extension compiled
-    on first use) runs the step; the trainer's optimizer is not made."""
-    plan = [{"name": "ddp"}, {**zero_run("2_offload"), "name": "offload"}]
+    on first use) runs the step; the trainer's optimizer, the Gaudi config's fused AdamW, is not made."""
+    gaudi = ["--gaudi_config_name", "gpt2"]
+    plan = [{"name": "ddp", "args": gaudi}, {**zero_run("2_offload", *gaudi), "name": "offload"}]
     records = launch(tmp_path, plan)
+    assert "use_fused_adam (the DeepSpeed config names its own optimizer)" in (tmp_path / "stderr.txt").read_text()
     offload = records["offload"]
     assert [r["deepspeed"]["offload"] for r in offload] == [True, True]
     assert offload[0]["deepspeed"]["optimizer"] == "deepspeed.ops.adam.cpu_adam.DeepSpeedCPUAdam"
