@@ -15,7 +15,7 @@ setup(
     install_requires=[
         # torch is not pinned: a Gaudi machine's own build must be kept (Makefile installs a CPU build first elsewhere)
         "torch>=2.1",
-        "transformers>=5.0,<6",
+        "transformers>=4.57.1",  # tested: make test-compat (no upper pin: none seen failing)
         "accelerate>=1.2",
         "datasets>=3.0",
         "tokenizers>=0.20",
@@ -23,10 +23,11 @@ setup(
     extras_require={
         # matplotlib: the plot command is tested too; trl: optimum_gaudi.trl is tested too;
         # deepspeed: ZeRO 1-3 run on 2 CPU processes in the tests
-        "tests": ["pytest>=8", "matplotlib>=3.5", "trl>=1.16", "deepspeed>=0.14"],
+        "tests": ["pytest>=8", "matplotlib>=3.5", "trl>=1.0", "deepspeed>=0.14"],
         "quality": ["ruff>=0.6"],
         "plot": ["matplotlib>=3.5"],
-        "trl": ["trl>=1.16"],  # optimum_gaudi.trl: GaudiSFTTrainer, GaudiDPOTrainer, GaudiGRPOTrainer
+        "tensorboard": ["tensorboard>=2.10"],  # --report_to tensorboard
+        "trl": ["trl>=1.0"],  # optimum_gaudi.trl: GaudiSFTTrainer, GaudiDPOTrainer, GaudiGRPOTrainer
         # upstream DeepSpeed for CPU and CUDA; a Gaudi needs Habana's fork instead (examples/deepspeed/README.md)
         "deepspeed": ["deepspeed>=0.14"],
     },

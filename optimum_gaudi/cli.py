@@ -19,12 +19,14 @@ import platform
 import sys
 from collections.abc import Callable, Sequence
 
+from .errors import UserError
+
 # Environment variables that change what the Habana bridge, torch or this package do: shown by `env`.
 _ENV_PREFIXES = ("PT_HPU_", "PT_ENABLE_", "HABANA_", "HCCL_", "OPTIMUM_GAUDI_", "CUDA_VISIBLE_DEVICES")
 _SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 
 
-class CommandError(Exception):
+class CommandError(UserError):
     """Something the user can fix; the message is one line."""
 
 
@@ -63,6 +65,7 @@ def environment_report() -> str:
     import optimum_gaudi
 
     from .devices import CPUDevice, CUDADevice, NoGaudiError, detect_device
+    from .devices.base import GB
     from .features import feature_table
 
     notes = []
@@ -76,7 +79,8 @@ def environment_report() -> str:
     except Exception as e:  # a half-working driver is exactly what a bug report is for
         count = f"unknown ({type(e).__name__}: {e})"
     try:
-        memory = ", ".join(f"{k.removesuffix(' (GB)')} {v} GB" for k, v in device.memory_stats().items())
+        free, total = device.memory_info()
+        memory = f"total {total / GB:.2f} GB, free {free / GB:.2f} GB"  # system RAM on CPU
     except Exception as e:
         memory = f"unavailable ({type(e).__name__}: {e})"
 
@@ -91,7 +95,7 @@ def environment_report() -> str:
         ("platform", platform.platform()),
         ("CPUs", _usable_cpus()),
         ("device", f"{device.type} x {count}"),
-        ("memory", memory),
+        ("device memory", memory),
     ]
     env = sorted(
         f"{name}={value}"

@@ -7,6 +7,7 @@ part. With every Gaudi feature off it is transformers.Trainer, step for step.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -17,12 +18,14 @@ from torch import nn
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_pt_utils import find_batch_size
 
-from .batching import StaticBatchCollator
-from .compat import check_trainer_hooks
+from .batching import StaticRows
+from .checkpoints import check_weights_fit, remove_previous_checkpoints, resolve_resume, staged_checkpoint
+from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .configuration import GaudiConfig
 from .distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
+from .events import InternalCallbackHandler
 from .features import feature_table
-from .metrics import ThroughputCallback
+from .metrics import Throughput
 from .profiling import GaudiProfilerCallback
 from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin
 
@@ -32,26 +35,49 @@ logger = logging.getLogger(__name__)
 _ADAMW_OPTIMIZERS = {"adamw_torch", "adamw_torch_fused"}
 
 
-class _MarkStepAfterOptimizer(TrainerCallback):
-    """Lazy mode: flush the graph the optimizer step queued, before the next forward starts."""
+# Entry of TrainerState.stateful_callbacks (saved in every checkpoint) with the run's totals so far, so a
+# resumed run reports train_loss and throughput over the whole run, as the uninterrupted run would.
+RUN_TOTALS_KEY = "GaudiRunTotals"
 
-    def __init__(self, mark_step) -> None:
-        self.mark_step = mark_step
+
+class _LoopHooks(TrainerCallback):
+    """The trainer's own reactions to loop events; called by the handler, never listed among callbacks."""
+
+    def __init__(self, trainer: GaudiTrainerMixin) -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer._run_totals_begin()
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        self.mark_step()
+        if self.trainer._lazy_mark_step is not None:
+            self.trainer._lazy_mark_step()  # flush the graph the optimizer step queued
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trainer._throughput.step_end(state.global_step)
+        self.trainer._run_totals_snapshot(control)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.trainer._run_totals_snapshot(control)
 
 
-def _bind_trainer_args(parent_init, cls: type, args: tuple, kwargs: dict) -> inspect.BoundArguments:
-    """Binds the call to the parent Trainer's own signature, so that ``args`` is found by name or position
-    whatever comes before it (TRL's DPOTrainer takes ``ref_model`` first, GRPOTrainer ``reward_funcs``)."""
-    signature = inspect.signature(parent_init)
-    if "args" not in signature.parameters:
-        raise TypeError(f"{cls.__name__}: the Trainer after GaudiTrainerMixin takes no `args` parameter.")
-    return signature.bind(*args, **kwargs)
+@functools.cache
+def _args_position(cls: type) -> int:
+    """Where ``args`` sits among the positional parameters of the Trainer that ``cls`` builds on: TRL's
+    DPOTrainer takes ``ref_model`` before it, GRPOTrainer ``reward_funcs``. A class whose ``__init__`` only
+    passes ``*args, **kwargs`` through is skipped for the next one that names its parameters."""
+    mro = cls.__mro__
+    for klass in mro[mro.index(GaudiTrainerMixin) + 1 :]:
+        if "__init__" not in vars(klass):
+            continue
+        parameters = list(inspect.signature(klass.__init__).parameters.values())[1:]
+        positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if "args" in positional:
+            return positional.index("args")
+    raise TypeError(f"{cls.__name__}: no Trainer after GaudiTrainerMixin takes an `args` parameter.")
 
 
-class GaudiTrainerMixin:
+class GaudiTrainerMixin(TrainerShims):
     """The Gaudi features as narrow overrides of Trainer hooks; put it first to make any Trainer a Gaudi one.
 
     ``class MyGaudiTrainer(GaudiTrainerMixin, MyTrainer)`` keeps MyTrainer's signature and adds one keyword,
@@ -63,12 +89,20 @@ class GaudiTrainerMixin:
     gaudi_args_class: type = GaudiTrainingArguments
 
     def __init__(
-        self, *trainer_args: Any, gaudi_config: GaudiConfig | str | os.PathLike | None = None, **trainer_kwargs: Any
+        self,
+        *trainer_args: Any,
+        gaudi_config: GaudiConfig | dict[str, Any] | str | os.PathLike | None = None,
+        **trainer_kwargs: Any,
     ) -> None:
-        bound = _bind_trainer_args(super().__init__, type(self), trainer_args, trainer_kwargs)
-        args = bound.arguments.get("args")
+        position = _args_position(type(self))
+        by_position = "args" not in trainer_kwargs and len(trainer_args) > position
+        args = trainer_args[position] if by_position else trainer_kwargs.get("args")
         if args is None:
-            args = bound.arguments["args"] = self.gaudi_args_class(output_dir="trainer_output")
+            args = self.gaudi_args_class(output_dir="trainer_output")
+            if by_position:
+                trainer_args = (*trainer_args[:position], args, *trainer_args[position + 1 :])
+            else:
+                trainer_kwargs["args"] = args
         if not isinstance(args, GaudiTrainingArgumentsMixin):
             raise TypeError(
                 f"{type(self).__name__} needs GaudiTrainingArguments (or arguments built with "
@@ -76,7 +110,9 @@ class GaudiTrainerMixin:
                 "with the same keyword arguments."
             )
         check_trainer_hooks(type(self))
-        if gaudi_config is not None and not isinstance(gaudi_config, GaudiConfig):
+        if isinstance(gaudi_config, dict):
+            gaudi_config = GaudiConfig.from_dict(gaudi_config)
+        elif gaudi_config is not None and not isinstance(gaudi_config, GaudiConfig):
             gaudi_config = GaudiConfig.from_pretrained(gaudi_config)
         self.gaudi_config: GaudiConfig = gaudi_config or args.gaudi_config or GaudiConfig()
         self.gaudi_device = args.gaudi_device
@@ -86,15 +122,14 @@ class GaudiTrainerMixin:
         self._autocast = self._select_autocast(args)
         self._graph_wrapped: set[tuple[bool, int]] = set()
 
-        super().__init__(*bound.args, **bound.kwargs)
+        super().__init__(*trainer_args, **trainer_kwargs)
 
-        self._throughput = ThroughputCallback(args.throughput_warmup_steps)
-        self.add_callback(self._throughput)
+        self._static_rows = self._select_static_rows(args)
+        self._throughput = Throughput(args.throughput_warmup_steps)
+        self.callback_handler = InternalCallbackHandler.adopt(self.callback_handler, [_LoopHooks(self)])
         profiler = GaudiProfilerCallback.from_training_args(args)
         if profiler is not None:
             self.add_callback(profiler)
-        if self._lazy_mark_step is not None:
-            self.add_callback(_MarkStepAfterOptimizer(self._lazy_mark_step))
         if self.is_world_process_zero():
             table = feature_table(self.gaudi_device, args, self.gaudi_config)
             flags = ", ".join(f"{k}={v}" for k, v in args.gaudi_flags().items())
@@ -123,6 +158,13 @@ class GaudiTrainerMixin:
         if not (config.use_torch_autocast or args.bf16) or (args.bf16 and not has_lists):
             return None
         return args.autocast_device.autocast_factory(config.autocast_bf16_ops, config.autocast_fp32_ops)
+
+    def _select_static_rows(self, args: GaudiTrainingArguments) -> StaticRows | None:
+        """Pad short batches only where the device compiles a graph per input shape."""
+        if not self.gaudi_device.static_shapes(args.use_lazy_mode):  # HPU Graphs need lazy mode on a Gaudi
+            return None
+        label_names = sorted({*self.label_names, "labels", "label", "label_ids"})
+        return StaticRows(label_names, labels_into_forward=not args.use_hpu_graphs_for_training)
 
     def _build_accelerator_args(self, **kwargs) -> dict[str, Any]:
         accelerator_args = super()._build_accelerator_args(**kwargs)
@@ -156,20 +198,6 @@ class GaudiTrainerMixin:
         self._grad_allreduce = FusedGradientAllReduce(list(model.parameters()), dtype=self.args.fast_ddp_torch_dtype)
         return FastDDPModel(model)
 
-    # ---- data ---------------------------------------------------------------------------------------
-
-    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
-        """With graphs (lazy mode, HPU Graphs) pad the last batch so its shape compiles no new graph."""
-        static = self.args.use_lazy_mode or self.args.use_hpu_graphs_for_training
-        if not static or self.args.dataloader_drop_last or self.data_collator is None:
-            return super().get_train_dataloader()
-        collator = self.data_collator
-        self.data_collator = StaticBatchCollator(collator, self._train_batch_size)
-        try:
-            return super().get_train_dataloader()
-        finally:
-            self.data_collator = collator
-
     # ---- step hooks ---------------------------------------------------------------------------------
 
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> contextlib.AbstractContextManager:
@@ -182,8 +210,13 @@ class GaudiTrainerMixin:
         return stack
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
-        self._throughput.count_tokens(inputs)
-        loss = super().training_step(model, inputs, num_items_in_batch)
+        rows = find_batch_size(inputs)
+        self._throughput.count_batch(inputs, rows)
+        if self._static_rows is None or rows is None:
+            loss = super().training_step(model, inputs, num_items_in_batch)
+        else:
+            with self._static_rows.padding(model, self.accelerator.unwrap_model(model), rows, self._train_batch_size):
+                loss = super().training_step(model, inputs, num_items_in_batch)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # after backward
         if self._grad_allreduce is not None and self.accelerator.gradient_state.sync_gradients:
@@ -228,20 +261,87 @@ class GaudiTrainerMixin:
         self.accelerator.unscale_gradients()
         return self.gaudi_device.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
 
+    # ---- checkpoints --------------------------------------------------------------------------------
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+        """Resumes only from a complete checkpoint that fits the model (``True``: the newest complete one); with
+        ``overwrite_output_dir`` and no resume, first deletes the checkpoints of the previous run."""
+        checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
+        if checkpoint is not None:
+            check_weights_fit(self.model, checkpoint)
+        elif self.args.overwrite_output_dir and self.args.should_save:
+            remove_previous_checkpoints(self.args.output_dir)
+        return super().train(checkpoint, *args, **kwargs)
+
+    def _get_output_dir(self, trial: Any) -> str:
+        return getattr(self, "_staging_root", None) or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        """Written into a staging directory and renamed into place: complete or absent whenever a process dies."""
+        run_dir = super()._get_output_dir(trial)
+        with staged_checkpoint(run_dir, self.state, self.args, self.accelerator.wait_for_everyone) as staging:
+            self._staging_root = str(staging)
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                self._staging_root = None
+
     # ---- logging ------------------------------------------------------------------------------------
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        batch, world = self.get_total_train_batch_size(self.args), self.args.world_size
+        world = self.args.world_size
         eval_prefixes = [k.removesuffix("_runtime") for k in logs if k.endswith("_runtime") and k != "train_runtime"]
         if "train_runtime" in logs:
-            self._throughput.rewrite(logs, self.state.global_step, batch, world)
+            self._throughput.rewrite(logs, self.state.global_step, world)
         elif eval_prefixes:
             self._throughput.rewrite_eval(logs, eval_prefixes[0])
         elif "loss" in logs:
-            logs.update(self._throughput.interval(self.state.global_step, batch, world))
+            logs.update(self._throughput.interval(self.state.global_step, world))
             if self.is_world_process_zero():
                 logs.update(self.gaudi_device.memory_stats())
+            self._run_totals_snapshot(self.control, logged=True)
         super().log(logs, start_time)
+
+    # ---- a resumed run reports the whole run ------------------------------------------------------------
+
+    def _run_totals_begin(self) -> None:
+        """At train begin (after the loop reset its counters): pick up the totals a resumed checkpoint holds."""
+        carried = self.state.stateful_callbacks.get(RUN_TOTALS_KEY) or {}
+        self._throughput.train_begin(self.state.global_step, carried.get("throughput"))
+        self._run_first_step = carried.get("first_step", self.state.global_step)
+        if carried:  # transformers' train_loss = _total_loss_scalar / (global_step - _initial_global_step)
+            self._total_loss_scalar = carried["loss_sum"]
+            self._initial_global_step = self._run_first_step
+
+    def _load_callback_state(self) -> None:
+        """--restore_callback_states_from_checkpoint: our totals are no callback's state; keep them out of
+        transformers' matching, which would warn that a checkpoint callback is missing."""
+        carried = self.state.stateful_callbacks.pop(RUN_TOTALS_KEY, None)
+        try:
+            super()._load_callback_state()
+        finally:
+            if carried is not None:
+                self.state.stateful_callbacks[RUN_TOTALS_KEY] = carried
+
+    def _run_totals_snapshot(self, control, logged: bool = False) -> None:
+        """Before a possible checkpoint: store the totals so far in the state it saves.
+
+        Called at each step end and again from log(), which runs before the save of a logging step. The loss
+        not yet logged lives in ``_tr_loss`` from transformers 5 on; older releases keep it in a local, so
+        there the totals are exact when checkpoints fall on logging steps (as transformers' own resumed loss
+        logs need too).
+        """
+        if not (control.should_save or control.should_evaluate):
+            return
+        tr_loss = getattr(self, "_tr_loss", None)
+        if tr_loss is None and not logged:
+            return
+        pending = 0.0 if tr_loss is None else nested_gather(tr_loss, self.args.parallel_mode).mean().item()
+        self.state.stateful_callbacks[RUN_TOTALS_KEY] = {
+            "first_step": self._run_first_step,
+            "loss_sum": self._total_loss_scalar + pending,
+            "throughput": self._throughput.totals(self.state.global_step),
+        }
 
     # ---- saving -------------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from transformers import TrainingArguments
 from .configuration import GaudiConfig
 from .devices import CPUDevice, Device, detect_device
 from .devices.hpu import bridge_imported, bridge_installed, export_autocast_op_lists
+from .errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ HALF_PRECISION_BACKENDS = ("auto", "hpu_amp", "cpu_amp")
 FAST_DDP_DTYPES = ("auto", "float32", "bfloat16")
 
 
-class GaudiArgumentError(ValueError):
+class GaudiArgumentError(UserError, ValueError):
     """A Gaudi flag, or a combination of flags, that cannot work; the message says how to fix it."""
 
 
@@ -99,9 +100,18 @@ class GaudiTrainingArgumentsMixin:
         default=False, metadata={"help": "Record tensor shapes in the profiler trace."}
     )
     profiling_with_stack: bool = field(default=False, metadata={"help": "Record Python stacks in the profiler trace."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Start over in an --output_dir that holds checkpoints of another run (they are deleted)."},
+    )
 
     def __post_init__(self) -> None:
+        # TrainingArguments.__post_init__ would turn torch_compile on from its mode or backend, but only after
+        # the checks below ran; apply its rule first so they see the flag the run will really have.
+        if self.torch_compile_mode is not None or self.torch_compile_backend is not None:
+            self.torch_compile = True
         self._validate_gaudi_flags()
+        _check_standard_flags(self)
         self.gaudi_config = GaudiConfig.from_pretrained(self.gaudi_config_name) if self.gaudi_config_name else None
         self._set_bridge_environment()
         self.gaudi_device: Device = detect_device(use_habana=self.use_habana, use_cpu=self.use_cpu)
@@ -168,12 +178,11 @@ class GaudiTrainingArgumentsMixin:
             fail(
                 "--pipelining_fwd_bwd adds a mark_step in lazy mode only; add --use_lazy_mode or drop --pipelining_fwd_bwd."
             )
+        compiling = self._compile_flags()
         if self.torch_compile and (self.use_hpu_graphs_for_training or self.use_hpu_graphs_for_inference):
-            fail(
-                "--torch_compile cannot be combined with HPU Graphs; choose --torch_compile or --use_hpu_graphs_for_*."
-            )
+            fail(f"{compiling} cannot be combined with HPU Graphs; choose compilation or --use_hpu_graphs_for_*.")
         if self.torch_compile and self.use_lazy_mode:
-            fail("--torch_compile needs eager mode; drop --use_lazy_mode when compiling.")
+            fail(f"{compiling} needs eager mode; drop --use_lazy_mode when compiling.")
         if self.half_precision_backend != "auto" and not self.bf16:
             logger.warning(
                 "--half_precision_backend %s has no effect without --bf16 or a Gaudi config with use_torch_autocast.",
@@ -219,6 +228,12 @@ class GaudiTrainingArgumentsMixin:
             )
         zero["memory_efficient_linear"] = False
 
+    def _compile_flags(self) -> str:
+        """The flags that turn compilation on, as the user wrote them."""
+        given = [f"--{name} {getattr(self, name)}" for name in ("torch_compile_mode", "torch_compile_backend")]
+        given = [flag for flag in given if not flag.endswith(" None")]
+        return f"{' '.join(given)} (which turns on --torch_compile)" if given else "--torch_compile"
+
     def _set_bridge_environment(self) -> None:
         """PT_HPU_LAZY_MODE and the autocast op-list files are read once, when habana_frameworks is imported."""
         if self.gaudi_config is not None and bridge_installed():
@@ -242,3 +257,54 @@ class GaudiTrainingArgumentsMixin:
 @dataclass
 class GaudiTrainingArguments(GaudiTrainingArgumentsMixin, TrainingArguments):
     """TrainingArguments with Habana Gaudi options: GaudiTrainingArgumentsMixin + TrainingArguments."""
+
+
+# Package to install for each --report_to integration transformers offers.
+_REPORT_TO_PACKAGES = {
+    "tensorboard": "pip install 'optimum-gaudi[tensorboard]' (or: pip install tensorboard)",
+    "azure_ml": "pip install azureml-core",
+    "flyte": "pip install flytekit",
+}
+
+
+# (flag, lowest valid value, first invalid value above it or None): transformers passes these to torch unchecked.
+_NUMERIC_RANGES = (
+    ("learning_rate", 0, None),
+    ("weight_decay", 0, None),
+    ("adam_beta1", 0, 1),
+    ("adam_beta2", 0, 1),
+    ("adam_epsilon", 0, None),
+    ("dataloader_num_workers", 0, None),
+)
+
+
+def _check_standard_flags(args: TrainingArguments) -> None:
+    """transformers' own flags that it rejects late (a traceback from inside the data loader or a callback)."""
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        value = getattr(args, name)
+        if not isinstance(value, int) or value < 1:
+            raise GaudiArgumentError(f"--{name} must be a whole number >= 1, got {value!r}.")
+    for name, low, high in _NUMERIC_RANGES:
+        value = getattr(args, name)
+        if value is not None and not (low <= value and (high is None or value < high)):
+            bounds = f">= {low}" if high is None else f"in [{low}, {high})"
+            raise GaudiArgumentError(f"--{name} must be {bounds}, got {value}.")
+    if args.do_train and args.max_steps <= 0 and args.num_train_epochs <= 0:
+        raise GaudiArgumentError("nothing to train: give --max_steps > 0 or --num_train_epochs > 0.")
+    requested = [args.report_to] if isinstance(args.report_to, str) else list(args.report_to or [])
+    requested = [name.strip() for name in requested if name.strip() not in ("all", "none")]
+    if not requested:
+        return
+    from transformers.integrations import get_available_reporting_integrations
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    installed = set(get_available_reporting_integrations())
+    for name in requested:
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise GaudiArgumentError(
+                f"--report_to {name} is not an integration transformers knows; use one of "
+                f"{', '.join(sorted(INTEGRATION_TO_CALLBACK))}, 'all' or 'none'."
+            )
+        if name not in installed:
+            install = _REPORT_TO_PACKAGES.get(name, f"pip install {name}")
+            raise GaudiArgumentError(f"--report_to {name} needs {name}, which is not installed: {install}.")

@@ -4,6 +4,7 @@ from dataclasses import dataclass, field, fields
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState
 from transformers import Trainer, TrainingArguments
 
 from optimum_gaudi import (
@@ -84,6 +85,27 @@ def test_args_found_by_keyword_or_position_and_gaudi_config_keyword_composes(tin
     assert by_position.gaudi_config.use_fused_adam and by_position.smoothing == 0.2
 
 
+class PassThroughTrainer(Trainer):
+    """A user's Trainer whose constructor only passes everything on."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+
+
+class GaudiPassThroughTrainer(GaudiTrainerMixin, PassThroughTrainer):
+    pass
+
+
+def test_args_found_through_a_pass_through_constructor(tiny_gpt2, tmp_path, monkeypatch):
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), **COMMON)
+    assert GaudiPassThroughTrainer(tiny_gpt2(), args).args is args
+    assert GaudiPassThroughTrainer(model=tiny_gpt2(), args=args).args is args
+    monkeypatch.chdir(tmp_path)
+    assert isinstance(GaudiPassThroughTrainer(tiny_gpt2(), None).args, GaudiTrainingArguments)
+    with pytest.raises(TypeError, match="GaudiPassThroughTrainer needs GaudiTrainingArguments"):
+        GaudiPassThroughTrainer(tiny_gpt2(), TrainingArguments(output_dir=str(tmp_path)))
+
+
 def test_gaudi_features_apply_to_the_user_subclass(tiny_gpt2, tiny_lm_data, tmp_path):
     args = GaudiMyArguments(output_dir=str(tmp_path), optim="adamw_torch", **COMMON)
     trainer = GaudiLabelSmoothingTrainer(
@@ -119,12 +141,13 @@ def test_user_arguments_without_the_mixin_are_refused_with_a_hint(tiny_gpt2, tmp
 
 
 def test_gaudi_trainer_is_the_mixin_on_trainer():
-    assert GaudiTrainer.__mro__[1:3] == (GaudiTrainerMixin, Trainer)
-    assert GaudiTrainingArguments.__mro__[1:3] == (GaudiTrainingArgumentsMixin, TrainingArguments)
+    assert GaudiTrainer.__bases__ == (GaudiTrainerMixin, Trainer)
+    assert GaudiTrainingArguments.__bases__ == (GaudiTrainingArgumentsMixin, TrainingArguments)
 
 
 def test_every_trainer_method_the_mixin_overrides_is_a_checked_hook():
-    overridden = {name for name in vars(GaudiTrainerMixin) if callable(getattr(Trainer, name, None))}
+    after_mixin = super(GaudiTrainerMixin, GaudiTrainer)  # the shims of this release, then Trainer
+    overridden = {name for name in vars(GaudiTrainerMixin) if callable(getattr(after_mixin, name, None))}
     assert overridden - {"__init__"} == set(TRAINER_HOOKS)
 
 
@@ -135,12 +158,35 @@ def test_a_missing_hook_fails_at_construction_in_one_line(tiny_gpt2, tmp_path):
     class GaudiOld(GaudiTrainerMixin, OldTrainer):
         pass
 
-    # A release without _clip_grad_norm: the parents no longer define it.
-    saved = Trainer._clip_grad_norm
-    del Trainer._clip_grad_norm
+    # A release without Trainer._save (which saves the Gaudi config next to the model): no parent defines it.
+    saved = Trainer._save
+    del Trainer._save
     try:
-        with pytest.raises(TrainerHookError, match=r"has no Trainer\._clip_grad_norm") as err:
+        with pytest.raises(TrainerHookError, match=r"has no Trainer\._save, which the Gaudi features") as err:
             GaudiOld(model=tiny_gpt2(), args=GaudiTrainingArguments(output_dir=str(tmp_path)))
     finally:
-        Trainer._clip_grad_norm = saved
+        Trainer._save = saved
     assert "\n" not in str(err.value)
+
+
+def test_fused_clip_goes_through_the_device_on_every_supported_release(tiny_gpt2, tiny_lm_data, tmp_path):
+    """transformers >= 5.3 calls the _clip_grad_norm hook; older releases reach it through compat's shim."""
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), **COMMON)
+    trainer = GaudiTrainer(
+        tiny_gpt2(), args, train_dataset=tiny_lm_data, gaudi_config=GaudiConfig(use_fused_clip_norm=True)
+    )
+    calls = []
+    clip = trainer.gaudi_device.clip_grad_norm_
+    trainer.gaudi_device.clip_grad_norm_ = lambda params, max_norm: calls.append(max_norm) or clip(params, max_norm)
+    assert len(losses(trainer)) == 5
+    assert calls == [args.max_grad_norm] * 5  # once per optimizer step, with the arguments' max norm
+
+
+def test_op_list_autocast_replaces_accelerates_mixed_precision_on_every_release(tiny_gpt2, tmp_path):
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), bf16=True, **COMMON)
+    with_lists = GaudiConfig(use_torch_autocast=True, autocast_bf16_ops=["linear"], autocast_fp32_ops=["softmax"])
+    AcceleratorState._reset_state()  # accelerate keeps one mixed precision per process
+    assert GaudiTrainer(tiny_gpt2(), args, gaudi_config=with_lists).accelerator.mixed_precision == "no"
+    AcceleratorState._reset_state()
+    assert GaudiTrainer(tiny_gpt2(), args).accelerator.mixed_precision == "bf16"  # plain --bf16: accelerate's
+    AcceleratorState._reset_state()

@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from ..errors import UserError
 from .base import FEATURES, Device
 from .cpu import CPUDevice
 from .cuda import CUDADevice
@@ -23,7 +24,7 @@ REQUIRE_HPU_ENV = "OPTIMUM_GAUDI_REQUIRE_HPU"
 __all__ = ["FEATURES", "CPUDevice", "CUDADevice", "Device", "HPUDevice", "NoGaudiError", "detect_device"]
 
 
-class NoGaudiError(RuntimeError):
+class NoGaudiError(UserError, RuntimeError):
     """A Gaudi was required (OPTIMUM_GAUDI_REQUIRE_HPU=1) but none is usable here."""
 
 

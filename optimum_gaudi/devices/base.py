@@ -97,6 +97,10 @@ class Device:
         """Memory in GB: allocated now, peak allocated, and total available."""
         raise NotImplementedError
 
+    def memory_info(self) -> tuple[int, int]:
+        """(free, total) bytes of the device's memory, whoever uses it: what a bug report needs."""
+        raise NotImplementedError
+
     def describe(self) -> str:
         return self.type
 

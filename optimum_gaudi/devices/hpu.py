@@ -167,6 +167,10 @@ class HPUDevice(Device):
         activity = torch.profiler.ProfilerActivity
         return [activity.CPU, activity.HPU] if hasattr(activity, "HPU") else [activity.CPU]
 
+    def memory_info(self) -> tuple[int, int]:
+        free, total = importlib.import_module("habana_frameworks.torch.hpu").mem_get_info()
+        return int(free), int(total)
+
     def memory_stats(self) -> dict[str, float]:
         stats = importlib.import_module("habana_frameworks.torch.hpu").memory_stats()
         return {
