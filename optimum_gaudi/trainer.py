@@ -140,6 +140,19 @@ class GaudiTrainerMixin(TrainerShims):
             table = feature_table(self.gaudi_device, args, self.gaudi_config)
             flags = ", ".join(f"{k}={v}" for k, v in args.gaudi_flags().items())
             logger.warning("Gaudi features on this run:\n%s\nGaudi arguments: %s", table, flags)
+            if self.is_deepspeed_enabled:
+                self._say_what_deepspeed_replaces()
+
+    def _say_what_deepspeed_replaces(self) -> None:
+        """DeepSpeed clips the gradients itself ("gradient_clipping"), and builds the optimizer its config names;
+        the trainer's optimizer (the fused AdamW included) is used, partitioned, only when the config names none."""
+        replaced = []
+        if self.gaudi_config.use_fused_clip_norm:
+            replaced.append('use_fused_clip_norm (DeepSpeed clips by its "gradient_clipping")')
+        if self.gaudi_config.use_fused_adam and "optimizer" in self.accelerator.state.deepspeed_plugin.deepspeed_config:
+            replaced.append("use_fused_adam (the DeepSpeed config names its own optimizer)")
+        if replaced:
+            logger.warning("DeepSpeed replaces these Gaudi features on this run: %s.", "; ".join(replaced))
 
     def _select_autocast(self, args: GaudiTrainingArgumentsMixin):
         """bf16 autocast on the Gaudi config's op lists (a list left out is Habana's default list), the same

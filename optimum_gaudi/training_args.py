@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 import torch
+from torch.overrides import TorchFunctionMode
 from transformers import TrainingArguments
 
 from .configuration import GaudiConfig
@@ -132,6 +133,7 @@ class GaudiTrainingArgumentsMixin:
         if self.torch_compile and self.torch_compile_backend is None:
             self.torch_compile_backend = self.gaudi_device.compile_backend
         super().__post_init__()
+        self._check_deepspeed_config()
         if self.non_blocking_data_copy:
             self.accelerator_config.non_blocking = True
 
@@ -201,6 +203,38 @@ class GaudiTrainingArgumentsMixin:
         for flag in ("profiling_record_shapes", "profiling_with_stack"):
             if getattr(self, flag) and self.profiling_steps == 0:
                 logger.warning("--%s is ignored while --profiling_steps is 0.", flag)
+
+    def _check_deepspeed_config(self) -> None:
+        """transformers reports a DeepSpeed config value that disagrees with the arguments (e.g. "bf16": {"enabled":
+        true} without --bf16) only once training starts, after the model is loaded: say it now, in one line."""
+        ds_config = getattr(self, "hf_deepspeed_config", None)
+        if ds_config is None:
+            return
+        if ds_config.mismatches:
+            found = "; ".join(m.lstrip("- ") for m in ds_config.mismatches)
+            source = self.deepspeed if isinstance(self.deepspeed, str) else "config"
+            raise GaudiArgumentError(
+                f"--deepspeed {source} disagrees with the training arguments ({found}); set those values to "
+                '"auto" in the config or pass matching arguments (the bundled configs train in bf16: add --bf16).'
+            )
+        self._keep_torch_linear_under_zero3(ds_config.config.get("zero_optimization") or {})
+
+    def _keep_torch_linear_under_zero3(self, zero: dict) -> None:
+        """ZeRO-3 swaps F.linear for its own function, whose backward re-enters torch.autocast and nothing else. The
+        op-list autocast of devices whose torch.autocast cannot follow the lists is a TorchFunctionMode: that
+        backward would mix bf16 and float32, so ZeRO-3 keeps torch's linear ("memory_efficient_linear": false)."""
+        config = self.gaudi_config
+        if zero.get("stage") != 3 or config is None or not (config.autocast_bf16_ops or config.autocast_fp32_ops):
+            return
+        autocast = self.autocast_device.autocast_factory(config.autocast_bf16_ops, config.autocast_fp32_ops)()
+        if not isinstance(autocast, TorchFunctionMode):
+            return
+        if zero.get("memory_efficient_linear"):
+            raise GaudiArgumentError(
+                '--deepspeed: "memory_efficient_linear": true (ZeRO-3) cannot run with the Gaudi config\'s autocast op '
+                f"lists on {self.autocast_device.type}; remove that key or set it to false."
+            )
+        zero["memory_efficient_linear"] = False
 
     def _compile_flags(self) -> str:
         """The flags that turn compilation on, as the user wrote them."""
