@@ -275,8 +275,8 @@ class GaudiTrainerMixin(TrainerShims):
 
     def _run_totals_snapshot(self, control) -> None:
         """Before a possible checkpoint: store the totals so far in the state it saves."""
-        if not (control.should_save or control.should_evaluate):
-            return
+        if not (control.should_save or control.should_evaluate) or not hasattr(self, "_tr_loss"):
+            return  # transformers < 5.3 keeps the running loss local to its loop: resumes report as Trainer's do
         pending = nested_gather(self._tr_loss, self.args.parallel_mode).mean().item()  # not yet logged
         self.state.stateful_callbacks[RUN_TOTALS_KEY] = {
             "first_step": self._run_first_step,
