@@ -33,7 +33,25 @@ TRAINER_HOOKS = (
     "_clip_grad_norm",
     "log",
     "_save",
+    "train",  # the checkpoint hooks (optimum_gaudi.checkpoints)
+    "_get_output_dir",
+    "_save_checkpoint",
+    "_load_callback_state",  # run totals kept out of callback-state matching (metrics.py)
 )
+
+
+try:
+    from transformers.trainer_pt_utils import nested_gather
+except ImportError:  # transformers < 5.2 had it as a Trainer method, _nested_gather
+
+    def nested_gather(tensors: Any, parallel_mode: Any, name: str | None = None) -> Any:
+        """``tensors`` gathered from every process where training is distributed (no XLA, no SageMaker)."""
+        from transformers.trainer_pt_utils import distributed_concat
+        from transformers.training_args import ParallelMode
+
+        if tensors is None or parallel_mode != ParallelMode.DISTRIBUTED:
+            return tensors
+        return distributed_concat(tensors)
 
 
 class TrainerHookError(TypeError):

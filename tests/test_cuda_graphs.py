@@ -51,6 +51,9 @@ def test_graph_flags_compile_in_reduce_overhead_mode_once(compile_calls, wrap):
     assert wrapped is model  # in place, like ModuleCacher(inplace=True): the trainer keeps its model
     assert compile_calls == [CUDA_GRAPH_COMPILE] and CUDA_GRAPH_COMPILE["mode"] == "reduce-overhead"
     assert list(inspect.signature(model.forward).parameters) == ["input_ids", "labels"]  # Trainer reads it
+    del model.forward  # what the trainer does to unwrap: the next wrap compiles again
+    device.wrap_for_inference(model, disable_tensor_cache=False)
+    assert len(compile_calls) == 2
 
 
 def test_each_call_starts_a_new_graph_iteration_outside_the_compiled_code(compile_calls, monkeypatch):
@@ -81,4 +84,4 @@ def test_feature_table_gives_the_flags_their_cuda_meaning():
         assert "CUDA graphs" in CUDADevice.behaviour[flag]
         assert CPUDevice.behaviour[flag].startswith("no-op")
     model = Tiny()
-    assert CPUDevice().wrap_for_training(model, None) is model and not hasattr(model, "_gaudi_cuda_graphs")
+    assert CPUDevice().wrap_for_training(model, None) is model and "forward" not in model.__dict__

@@ -85,6 +85,27 @@ def test_args_found_by_keyword_or_position_and_gaudi_config_keyword_composes(tin
     assert by_position.gaudi_config.use_fused_adam and by_position.smoothing == 0.2
 
 
+class PassThroughTrainer(Trainer):
+    """A user's Trainer whose constructor only passes everything on."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+
+
+class GaudiPassThroughTrainer(GaudiTrainerMixin, PassThroughTrainer):
+    pass
+
+
+def test_args_found_through_a_pass_through_constructor(tiny_gpt2, tmp_path, monkeypatch):
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), **COMMON)
+    assert GaudiPassThroughTrainer(tiny_gpt2(), args).args is args
+    assert GaudiPassThroughTrainer(model=tiny_gpt2(), args=args).args is args
+    monkeypatch.chdir(tmp_path)
+    assert isinstance(GaudiPassThroughTrainer(tiny_gpt2(), None).args, GaudiTrainingArguments)
+    with pytest.raises(TypeError, match="GaudiPassThroughTrainer needs GaudiTrainingArguments"):
+        GaudiPassThroughTrainer(tiny_gpt2(), TrainingArguments(output_dir=str(tmp_path)))
+
+
 def test_gaudi_features_apply_to_the_user_subclass(tiny_gpt2, tiny_lm_data, tmp_path):
     args = GaudiMyArguments(output_dir=str(tmp_path), optim="adamw_torch", **COMMON)
     trainer = GaudiLabelSmoothingTrainer(

@@ -199,3 +199,22 @@ def test_gpt2_under_bundled_config_trains_close_to_fp32(tiny_gpt2, tiny_lm_data,
     assert fp32[-1] < fp32[0]  # it learns
     assert bf16 != fp32
     assert bf16 == pytest.approx(fp32, abs=0.03)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_habana_default_lists_apply_as_on_a_gaudi(tiny_gpt2, compiled):
+    from optimum_gaudi.op_lists import resolve_op_lists
+
+    bf16, fp32 = resolve_op_lists(None, None)  # what a config that names no list means
+    model = Recorder()
+    seen = run(OpListAutocast(bf16, fp32), compiled, model)
+    assert seen == dict.fromkeys(NAMES, BF16)  # all five are in Habana's bf16 list
+    with OpListAutocast(bf16, fp32):
+        x = torch.randn(4, 8).bfloat16()
+        assert torch.exp(x).dtype == FP32 and torch.div(x, 2).dtype == FP32  # in Habana's fp32 list
+    gpt2 = tiny_gpt2()
+    gpt2.loss_type = "ForCausalLM"
+    ids = torch.randint(0, 100, (2, 16))
+    with OpListAutocast(bf16, fp32):
+        explanation = torch._dynamo.explain(gpt2)(input_ids=ids, labels=ids)
+    assert explanation.graph_break_count == 0

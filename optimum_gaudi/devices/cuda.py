@@ -29,8 +29,8 @@ def compile_with_cuda_graphs(model: nn.Module) -> nn.Module:
     Each call first marks a new graph iteration (the previous call's outputs may be overwritten from
     then on), outside the compiled code, where torch's documentation asks for it.
     """
-    if getattr(model, "_gaudi_cuda_graphs", False):
-        return model
+    if getattr(model.__dict__.get("forward"), "cuda_graphs", False):
+        return model  # already wrapped (the trainer restores the plain forward when it unwraps)
     compiled = torch.compile(model.forward, **CUDA_GRAPH_COMPILE)
 
     @functools.wraps(model.forward)  # keeps the signature the Trainer reads to select input columns
@@ -38,8 +38,8 @@ def compile_with_cuda_graphs(model: nn.Module) -> nn.Module:
         torch.compiler.cudagraph_mark_step_begin()
         return compiled(*args, **kwargs)
 
+    forward.cuda_graphs = True
     model.forward = forward
-    model._gaudi_cuda_graphs = True
     return model
 
 
@@ -67,7 +67,9 @@ class CUDADevice(Device):
             logger.warning("--max_hpu_graphs has no CUDA counterpart: torch's recompile limit bounds the graphs.")
         return compile_with_cuda_graphs(model)
 
-    def wrap_for_inference(self, model: nn.Module, disable_tensor_cache: bool) -> nn.Module:
+    def wrap_for_inference(
+        self, model: nn.Module, disable_tensor_cache: bool, max_graphs: int | None = None
+    ) -> nn.Module:
         return compile_with_cuda_graphs(model)
 
     def capture_graph(self, fn: Callable[..., Any], static_inputs: tuple) -> tuple[Any, Callable[[], None]]:
@@ -86,6 +88,9 @@ class CUDADevice(Device):
 
     def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
         return [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+
+    def reset_peak_memory_stats(self) -> None:
+        torch.cuda.reset_peak_memory_stats()
 
     def memory_info(self) -> tuple[int, int]:
         free, total = torch.cuda.mem_get_info(torch.cuda.current_device())

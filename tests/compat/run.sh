@@ -2,6 +2,7 @@
 # The core suite on other transformers releases, one venv each under .venv-compat/<version>.
 #
 # usage: tests/compat/run.sh [VERSION ...]     (default: the oldest supported release and the newest)
+#        CORE_TESTS=tests/test_trl.py tests/compat/run.sh trl==1.0.0   (another package, pinned)
 #
 # torch and the other dependencies are installed once, in .venv-compat/base; each release's venv sees
 # them through a .pth file and installs only transformers and what that release pins differently
@@ -34,18 +35,20 @@ site=$("$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pur
 status=0
 summary=()
 for version in "${VERSIONS[@]}"; do
-	venv="$ROOT/$version"
+	requirement="transformers==$version"
+	case "$version" in *==*) requirement=$version ;; esac
+	venv="$ROOT/${version/==/-}"
 	if [ ! -f "$venv/.installed" ]; then
 		rm -rf "$venv"
 		"$PYTHON" -m venv "$venv"
 		own=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 		echo "import site; site.addsitedir('$(realpath "$site")')" >"$own/compat_base.pth"
 		# pip leaves the base's own copies alone ("outside environment") and installs this release's pins here.
-		"$venv/bin/pip" install -q "transformers==$version" datasets accelerate 2>&1 | grep -v "outside environment" || true
-		"$venv/bin/python" -c "import transformers, sys; sys.exit(transformers.__version__ != '$version')"
+		"$venv/bin/pip" install -q "$requirement" datasets accelerate 2>&1 | grep -v "outside environment" || true
+		"$venv/bin/python" -c "from importlib.metadata import version; import sys; name, wanted = '$requirement'.split('=='); sys.exit(version(name) != wanted)"
 		touch "$venv/.installed"
 	fi
-	echo "=== transformers $version ==="
+	echo "=== $requirement ==="
 	start=$(date +%s)
 	# shellcheck disable=SC2086
 	if HF_HUB_OFFLINE=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider $CORE_TESTS; then
@@ -54,7 +57,7 @@ for version in "${VERSIONS[@]}"; do
 		result=FAILED
 		status=1
 	fi
-	summary+=("transformers $version: $result ($(($(date +%s) - start)) s)")
+	summary+=("$requirement: $result ($(($(date +%s) - start)) s)")
 done
 printf '%s\n' "${summary[@]}"
 exit $status
