@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=30)
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max_delay", type=float, default=0.3, help="seconds after a save begins, at most")
+    parser.add_argument("--max_delay", type=float, default=0.5, help="seconds after a save begins, at most")
     opts = parser.parse_args()
     rng = random.Random(opts.seed)
     work = Path(opts.workdir or tempfile.mkdtemp(prefix="kill-sweep-"))
@@ -71,6 +71,9 @@ def main() -> None:
         command = base + (["--resume_from_checkpoint", "true"] if newest is not None else [])
         process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         before = {p.name for p in list_checkpoints(out)}
+        to_publish = rng.randint(0 if newest is not None else 1, 2)  # a fresh start publishes one at least
+        while process.poll() is None and len({p.name for p in list_checkpoints(out)} - before) < to_publish:
+            time.sleep(0.01)
         while process.poll() is None and not (out.is_dir() and any(out.glob(f"{STAGING_PREFIX}*"))):
             time.sleep(0.002)  # until a save is under way
         if process.poll() is not None:
