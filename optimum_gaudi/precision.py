@@ -15,6 +15,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 logger = logging.getLogger(__name__)
+_warned: set[str] = set()
 
 
 def op_name(func: Any) -> str:
@@ -48,7 +49,8 @@ class OpListAutocast(TorchFunctionMode):
         both = sorted(set(bf16_ops) & set(fp32_ops))
         if both:
             raise ValueError(f"Ops {both} are in both the bf16 and the fp32 autocast lists; keep each op in one list.")
-        unknown = sorted(name for name in bf16_ops + fp32_ops if not _known_op(name))
+        unknown = sorted(name for name in bf16_ops + fp32_ops if not _known_op(name) and name not in _warned)
+        _warned.update(unknown)  # once per process: a mode is built for every step
         if unknown:
             logger.warning("Autocast op names %s are not torch functions here; they only apply on a Gaudi.", unknown)
         self.targets = {name: lower_dtype for name in bf16_ops} | {name: torch.float32 for name in fp32_ops}

@@ -26,6 +26,7 @@ from .distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcas
 from .events import InternalCallbackHandler
 from .features import feature_table
 from .metrics import Throughput
+from .op_lists import config_uses_op_lists, resolve_op_lists
 from .profiling import GaudiProfilerCallback
 from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin
 
@@ -47,6 +48,7 @@ class _LoopHooks(TrainerCallback):
         self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer.gaudi_device.reset_peak_memory_stats()  # the run's peak memory, not the process's
         self.trainer._run_totals_begin()
 
     def on_optimizer_step(self, args, state, control, **kwargs):
@@ -121,6 +123,10 @@ class GaudiTrainerMixin(TrainerShims):
         self._pipelining_mark_step = self._lazy_mark_step if args.pipelining_fwd_bwd else None
         self._autocast = self._select_autocast(args)
         self._graph_wrapped: set[tuple[bool, int]] = set()
+        self._said_no_eval_graphs = False
+        self._inference_wrapped: tuple[nn.Module, Any] | None = None  # (model, its forward before the graph)
+        self._grad_clipper: tuple[int, float, Any] | None = None  # (id of the model, max_norm, clipper)
+        self.gaudi_device.set_dynamic_shapes(self.gaudi_config.use_dynamic_shapes)
 
         super().__init__(*trainer_args, **trainer_kwargs)
 
@@ -134,24 +140,39 @@ class GaudiTrainerMixin(TrainerShims):
             table = feature_table(self.gaudi_device, args, self.gaudi_config)
             flags = ", ".join(f"{k}={v}" for k, v in args.gaudi_flags().items())
             logger.warning("Gaudi features on this run:\n%s\nGaudi arguments: %s", table, flags)
+            if self.is_deepspeed_enabled:
+                self._say_what_deepspeed_replaces()
+
+    def _say_what_deepspeed_replaces(self) -> None:
+        """DeepSpeed clips the gradients itself ("gradient_clipping"), and builds the optimizer its config names;
+        the trainer's optimizer (the fused AdamW included) is used, partitioned, only when the config names none."""
+        replaced = []
+        if self.gaudi_config.use_fused_clip_norm:
+            replaced.append('use_fused_clip_norm (DeepSpeed clips by its "gradient_clipping")')
+        if self.gaudi_config.use_fused_adam and "optimizer" in self.accelerator.state.deepspeed_plugin.deepspeed_config:
+            replaced.append("use_fused_adam (the DeepSpeed config names its own optimizer)")
+        if replaced:
+            logger.warning("DeepSpeed replaces these Gaudi features on this run: %s.", "; ".join(replaced))
 
     def _select_autocast(self, args: GaudiTrainingArgumentsMixin):
-        """bf16 autocast from the Gaudi config's op lists, or from `use_torch_autocast` alone.
+        """bf16 autocast on the Gaudi config's op lists (a list left out is Habana's default list), the same
+        lists on every device.
 
-        Plain ``--bf16`` without op lists is left to accelerate, exactly as transformers.Trainer does it.
+        Plain ``--bf16`` without a config that autocasts is left to accelerate, exactly as transformers.Trainer
+        does it.
         """
         config = self.gaudi_config
-        has_lists = bool(config.autocast_bf16_ops or config.autocast_fp32_ops)
-        if not (config.use_torch_autocast or args.bf16) or (args.bf16 and not has_lists):
+        if not (config.use_torch_autocast or (args.bf16 and config_uses_op_lists(config))):
             return None
-        return args.autocast_device.autocast_factory(config.autocast_bf16_ops, config.autocast_fp32_ops)
+        bf16_ops, fp32_ops = resolve_op_lists(config.autocast_bf16_ops, config.autocast_fp32_ops)
+        return args.autocast_device.autocast_factory(bf16_ops, fp32_ops)
 
     def _select_static_rows(self, args: GaudiTrainingArguments) -> StaticRows | None:
         """Pad short batches only where the device compiles a graph per input shape."""
         if not self.gaudi_device.static_shapes(args.use_lazy_mode):  # HPU Graphs need lazy mode on a Gaudi
             return None
         label_names = sorted({*self.label_names, "labels", "label", "label_ids"})
-        return StaticRows(self._train_batch_size, label_names, labels_into_forward=not args.use_hpu_graphs_for_training)
+        return StaticRows(label_names, labels_into_forward=not args.use_hpu_graphs_for_training)
 
     def _build_accelerator_args(self, **kwargs) -> dict[str, Any]:
         accelerator_args = super()._build_accelerator_args(**kwargs)
@@ -163,17 +184,45 @@ class GaudiTrainerMixin(TrainerShims):
 
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
         model = super()._wrap_model(model, training, dataloader)
-        if training and self._use_fast_ddp() and not isinstance(model, FastDDPModel):
-            model = self._wrap_for_fast_ddp(model)
-        # The device wrappers patch the module in place; wrap each module once across train/evaluate calls.
-        graphs = self.args.use_hpu_graphs_for_training if training else self.args.use_hpu_graphs_for_inference
-        if graphs and (training, id(model)) not in self._graph_wrapped:
-            self._graph_wrapped.add((training, id(model)))
-            if training:
+        # The bridge's graph wrappers patch the module's forward in place: wrap each module once.
+        if training:
+            self._unwrap_inference_graph(model)
+            if self.args.use_hpu_graphs_for_training and (True, id(model)) not in self._graph_wrapped:
+                self._graph_wrapped.add((True, id(model)))
+                # before fast_ddp: ModuleCacher refuses a forward(*args), and caches the model's own signature
                 model = self.gaudi_device.wrap_for_training(model, self.args.max_hpu_graphs)
-            else:
-                model = self.gaudi_device.wrap_for_inference(model, self.args.disable_tensor_cache_hpu_graphs)
-        return model
+            if self._use_fast_ddp() and not isinstance(model, FastDDPModel):
+                model = self._wrap_for_fast_ddp(model)
+            return model
+        if not self.args.use_hpu_graphs_for_inference or (False, id(model)) in self._graph_wrapped:
+            return model
+        if self.is_in_train:
+            # A graph wrapper replays in every mode, so wrapping the model being trained would make the next
+            # training forwards replay an inference graph (static outputs, no gradient).
+            if not self._said_no_eval_graphs:
+                self._said_no_eval_graphs = True
+                logger.warning(
+                    "Evaluations during training run without HPU Graphs (a graph would also replay in the "
+                    "training forwards); evaluate() and predict() after training use them."
+                )
+            return model
+        self._graph_wrapped.add((False, id(model)))
+        self._inference_wrapped = (model, model.__dict__.get("forward"))
+        return self.gaudi_device.wrap_for_inference(
+            model, self.args.disable_tensor_cache_hpu_graphs, max_graphs=self.args.max_hpu_graphs
+        )
+
+    def _unwrap_inference_graph(self, model: nn.Module) -> None:
+        """Training again after evaluate(): give the model back the forward it had before its inference graph."""
+        if self._inference_wrapped is None or self._inference_wrapped[0] is not model:
+            return
+        _, forward = self._inference_wrapped
+        if forward is None:
+            model.__dict__.pop("forward", None)
+        else:
+            model.forward = forward
+        self._inference_wrapped = None
+        self._graph_wrapped.discard((False, id(model)))
 
     def _use_fast_ddp(self) -> bool:
         return self.args.distribution_strategy == "fast_ddp" and self.args.world_size > 1
@@ -202,7 +251,7 @@ class GaudiTrainerMixin(TrainerShims):
         if self._static_rows is None or rows is None:
             loss = super().training_step(model, inputs, num_items_in_batch)
         else:
-            with self._static_rows.padding(model, self.accelerator.unwrap_model(model), rows):
+            with self._static_rows.padding(model, self.accelerator.unwrap_model(model), rows, self._train_batch_size):
                 loss = super().training_step(model, inputs, num_items_in_batch)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # after backward
@@ -246,7 +295,10 @@ class GaudiTrainerMixin(TrainerShims):
         if not self.gaudi_config.use_fused_clip_norm or self.is_deepspeed_enabled or self.is_fsdp_enabled:
             return super()._clip_grad_norm(model)
         self.accelerator.unscale_gradients()
-        return self.gaudi_device.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
+        max_norm = self.args.max_grad_norm
+        if self._grad_clipper is None or self._grad_clipper[:2] != (id(model), max_norm):
+            self._grad_clipper = (id(model), max_norm, self.gaudi_device.grad_clipper(model.parameters(), max_norm))
+        return self._grad_clipper[2]()
 
     # ---- checkpoints --------------------------------------------------------------------------------
 
@@ -286,6 +338,7 @@ class GaudiTrainerMixin(TrainerShims):
             logs.update(self._throughput.interval(self.state.global_step, world))
             if self.is_world_process_zero():
                 logs.update(self.gaudi_device.memory_stats())
+            self._run_totals_snapshot(self.control, logged=True)
         super().log(logs, start_time)
 
     # ---- a resumed run reports the whole run ------------------------------------------------------------
@@ -299,11 +352,30 @@ class GaudiTrainerMixin(TrainerShims):
             self._total_loss_scalar = carried["loss_sum"]
             self._initial_global_step = self._run_first_step
 
-    def _run_totals_snapshot(self, control) -> None:
-        """Before a possible checkpoint: store the totals so far in the state it saves."""
+    def _load_callback_state(self) -> None:
+        """--restore_callback_states_from_checkpoint: our totals are no callback's state; keep them out of
+        transformers' matching, which would warn that a checkpoint callback is missing."""
+        carried = self.state.stateful_callbacks.pop(RUN_TOTALS_KEY, None)
+        try:
+            super()._load_callback_state()
+        finally:
+            if carried is not None:
+                self.state.stateful_callbacks[RUN_TOTALS_KEY] = carried
+
+    def _run_totals_snapshot(self, control, logged: bool = False) -> None:
+        """Before a possible checkpoint: store the totals so far in the state it saves.
+
+        Called at each step end and again from log(), which runs before the save of a logging step. The loss
+        not yet logged lives in ``_tr_loss`` from transformers 5 on; older releases keep it in a local, so
+        there the totals are exact when checkpoints fall on logging steps (as transformers' own resumed loss
+        logs need too).
+        """
         if not (control.should_save or control.should_evaluate):
             return
-        pending = nested_gather(self._tr_loss, self.args.parallel_mode).mean().item()  # not yet logged
+        tr_loss = getattr(self, "_tr_loss", None)
+        if tr_loss is None and not logged:
+            return
+        pending = 0.0 if tr_loss is None else nested_gather(tr_loss, self.args.parallel_mode).mean().item()
         self.state.stateful_callbacks[RUN_TOTALS_KEY] = {
             "first_step": self._run_first_step,
             "loss_sum": self._total_loss_scalar + pending,

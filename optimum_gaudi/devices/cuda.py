@@ -46,6 +46,9 @@ class CUDADevice(Device):
     def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
         return [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
 
+    def reset_peak_memory_stats(self) -> None:
+        torch.cuda.reset_peak_memory_stats()
+
     def memory_info(self) -> tuple[int, int]:
         free, total = torch.cuda.mem_get_info(torch.cuda.current_device())
         return int(free), int(total)

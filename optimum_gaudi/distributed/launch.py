@@ -363,7 +363,7 @@ def _how(exitcode: int) -> str:
 
 def describe_failure(plan: LaunchPlan, output: str, returncode: int) -> str:
     """One line naming the rank that failed first, read from the launcher's report at the end of ``output``."""
-    where = f"node {plan.node_rank}" if plan.per_node else "one of the nodes"
+    where = f"node {plan.node_rank}" if plan.per_node or plan.nnodes == 1 else "one of the nodes"
     if _PORT_IN_USE.search(output):  # taken between our check and the rendezvous, or on node 0 of several
         return f"port {plan.master_port} on {plan.master_addr} is already in use; choose another --master_port"
     if plan.backend == "torchrun":
@@ -582,11 +582,16 @@ def run(plan: LaunchPlan, command: Sequence[str], env: Mapping[str, str] | None 
 
 def launch(args: argparse.Namespace) -> int:
     """``optimum-gaudi launch``: raise LaunchError for settings that cannot work, else run the job."""
+    from ..op_lists import launch_environment
+
     plan = resolve(args)
     command = build_command(plan)
+    bridge_env = launch_environment(plan.script_args)  # read by the Gaudi bridge when it loads, before our code
     if args.dry_run:
-        print(shlex.join(command))
+        print(shlex.join([*(f"{k}={v}" for k, v in bridge_env.items()), *command]))
         return 0
     if plan.nnodes == 1 or (plan.node_rank == 0 and plan.per_node):  # node 0 runs here: the port must be free
         check_port_free(plan.master_port)
-    return run(plan, command)
+    if bridge_env:
+        print(f"optimum-gaudi launch: {' '.join(f'{k}={v}' for k, v in bridge_env.items())}", file=sys.stderr)
+    return run(plan, command, {**os.environ, **bridge_env})
