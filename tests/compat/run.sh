@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 
 PYTHON=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
-ROOT=.venv-compat
+ROOT=${COMPAT_ROOT:-.venv-compat}
 CORE_TESTS=${CORE_TESTS:-"tests/test_trainer.py tests/test_training_args.py tests/test_configuration.py tests/test_mixin.py tests/test_seq2seq.py"}
 OLDEST=$(sed -n 's/.*"transformers>=\([0-9.]*\).*/\1/p' setup.py)
 VERSIONS=("$@")
@@ -27,7 +27,7 @@ if [ ! -f "$base/.installed" ]; then
 	rm -rf "$base"
 	"$PYTHON" -m venv "$base"
 	"$base/bin/pip" install -q "torch==$TORCH_VERSION"
-	"$base/bin/pip" install -q -e ".[tests]"
+	"$base/bin/pip" install -q -e . pytest
 	touch "$base/.installed"
 fi
 site=$("$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
