@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: venv demo test style bench clean
+.PHONY: venv demo test test-compat test-compat-all test-compat-trl style bench clean
 
 venv: $(STAMP)
 
@@ -27,6 +27,19 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+# The core suite on the oldest supported transformers and the newest, each in .venv-compat/<version>;
+# COMPAT_VERSIONS="5.4.0 5.10.4" picks others, test-compat-all takes every 5.x minor release and 4.57.
+COMPAT_VERSIONS ?=
+test-compat:
+	tests/compat/run.sh $(COMPAT_VERSIONS)
+
+test-compat-all:
+	tests/compat/run.sh $$(tests/compat/releases.sh)
+
+# optimum_gaudi.trl on the oldest TRL it supports (the newest is in .venv, run by make test)
+test-compat-trl:
+	CORE_TESTS=tests/test_trl.py tests/compat/run.sh trl==1.0.0
+
 style: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -35,4 +48,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-compat build *.egg-info

@@ -15,15 +15,17 @@ setup(
     install_requires=[
         # torch is not pinned: a Gaudi machine's own build must be kept (Makefile installs a CPU build first elsewhere)
         "torch>=2.1",
-        "transformers>=5.0,<6",
+        "transformers>=4.57.1",  # tested: make test-compat (no upper pin: none seen failing)
         "accelerate>=1.2",
         "datasets>=3.0",
         "tokenizers>=0.20",
     ],
     extras_require={
-        "tests": ["pytest>=8", "matplotlib>=3.5"],  # matplotlib: the plot command is tested too
+        # matplotlib: the plot command is tested too; trl: optimum_gaudi.trl is tested too
+        "tests": ["pytest>=8", "matplotlib>=3.5", "trl>=1.0"],
         "quality": ["ruff>=0.6"],
         "plot": ["matplotlib>=3.5"],
+        "trl": ["trl>=1.0"],  # optimum_gaudi.trl: GaudiSFTTrainer, GaudiDPOTrainer, GaudiGRPOTrainer
     },
     entry_points={"console_scripts": ["optimum-gaudi=optimum_gaudi.cli:main"]},
 )

@@ -12,24 +12,33 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "GaudiConfig": ".configuration",
     "GaudiConfigError": ".configuration",
+    "GaudiSeq2SeqTrainer": ".seq2seq",
+    "GaudiSeq2SeqTrainingArguments": ".seq2seq",
     "GaudiTrainer": ".trainer",
+    "GaudiTrainerMixin": ".trainer",
     "GaudiArgumentError": ".training_args",
     "GaudiTrainingArguments": ".training_args",
+    "GaudiTrainingArgumentsMixin": ".training_args",
 }
 
 __all__ = [
     "GaudiArgumentError",
     "GaudiConfig",
     "GaudiConfigError",
+    "GaudiSeq2SeqTrainer",
+    "GaudiSeq2SeqTrainingArguments",
     "GaudiTrainer",
+    "GaudiTrainerMixin",
     "GaudiTrainingArguments",
+    "GaudiTrainingArgumentsMixin",
     "__version__",
 ]
 
 if TYPE_CHECKING:
     from .configuration import GaudiConfig, GaudiConfigError
-    from .trainer import GaudiTrainer
-    from .training_args import GaudiArgumentError, GaudiTrainingArguments
+    from .seq2seq import GaudiSeq2SeqTrainer, GaudiSeq2SeqTrainingArguments
+    from .trainer import GaudiTrainer, GaudiTrainerMixin
+    from .training_args import GaudiArgumentError, GaudiTrainingArguments, GaudiTrainingArgumentsMixin
 
 
 def __getattr__(name: str) -> Any:

@@ -1,51 +1,188 @@
-"""Static batch shapes for graph-compiling devices.
+"""Static batch shapes for devices that compile a graph per input shape, with inert padding rows.
 
-In lazy mode or under HPU Graphs every new input shape compiles a new graph; an epoch's last, smaller
-batch would cost a compilation for one step. Padding it to full size with rows whose labels are ignored
-keeps the shape static without changing the loss, since the loss averages over non-ignored labels only.
+In lazy mode or under HPU Graphs every new input shape compiles a new graph, so an epoch's last, smaller
+batch costs a compilation for one step. :class:`StaticRows` runs that batch's forward at the full batch size
+and hands every loss the real rows only:
+
+- the forward sees the short batch padded (the last real row repeated) to ``batch_size`` rows;
+- every batch-first output is cut back to the real rows before the caller (``compute_loss``, the user's own
+  ``compute_loss``, a label smoother, ``compute_loss_func``) sees it;
+- a loss the model computes inside its forward goes through the model's ``loss_function``, which is given
+  the real rows only. That is why such padding is refused under captured graphs: a replayed graph would
+  keep the first row count it saw.
+
+The padded rows are then provably inert, provided rows do not interact in the forward (transformers models
+other than batch-norm ones). Whenever that cannot be checked (a batch-norm layer, a loss or any other
+batch-level reduction computed inside the forward by other means, labels going into a model without a
+``loss_function``) the batch runs unpadded, with one warning, and so do all later short batches.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
+from torch import nn
 
 logger = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100
-LABEL_KEYS = ("labels", "label")
+
+def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """`fn` applied to every tensor in nested dicts, ModelOutputs, lists and tuples; other objects kept."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, Mapping):
+        mapped = {key: _map_tensors(item, fn) for key, item in value.items()}
+        try:
+            return type(value)(**mapped)  # ModelOutput and plain dict subclasses
+        except TypeError:
+            return mapped
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_map_tensors(item, fn) for item in value)
+    return value
 
 
-class StaticBatchCollator:
-    """Wraps a collator so every batch it returns has `batch_size` rows."""
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
 
-    def __init__(self, collator: Callable[[list[Any]], dict[str, Any]], batch_size: int) -> None:
-        self.collator = collator
+
+def pad_rows(value: Any, rows: int, size: int) -> Any:
+    """Every tensor whose first dimension is `rows` grown to `size` rows by repeating its last row."""
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() == 0 or t.size(0) != rows:
+            return t
+        return torch.cat([t, t[-1:].expand(size - rows, *t.shape[1:])], dim=0)
+
+    return _map_tensors(value, pad)
+
+
+def cut_rows(value: Any, rows: int, size: int) -> Any:
+    """Every tensor whose first dimension is `size` cut back to its first `rows` rows."""
+    return _map_tensors(value, lambda t: t[:rows] if t.dim() > 0 and t.size(0) == size else t)
+
+
+class _NotInert(Exception):
+    """The padded forward produced something computed over the padding rows."""
+
+
+def _batch_coupled(model: nn.Module) -> bool:
+    """Layers whose output for one row depends on the other rows (batch statistics)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+class StaticRows:
+    """Pads short batches to `batch_size` rows inside the forward, keeping the padding out of every loss.
+
+    `labels_into_forward` allows padding when labels go into the model (its ``loss_function`` then sees the
+    real rows only); leave it off where forwards are replayed from captured graphs.
+    """
+
+    def __init__(self, batch_size: int, label_names: list[str], labels_into_forward: bool) -> None:
         self.batch_size = batch_size
-        self._warned = False
+        self.label_names = label_names
+        self.labels_into_forward = labels_into_forward
+        self.enabled = True
 
-    def __call__(self, features: list[Any]) -> dict[str, Any]:
-        batch = self.collator(features)
-        missing = self.batch_size - len(features)
-        if missing <= 0:
-            return batch
-        if not any(key in batch for key in LABEL_KEYS):
-            if not self._warned:
-                logger.warning(
-                    "Last batch left smaller: no 'labels' to ignore in padding rows. Use --dataloader_drop_last."
-                )
-                self._warned = True
-            return batch
-        return {key: self._pad(key, value, len(features), missing) for key, value in batch.items()}
+    def _give_up(self, reason: str) -> None:
+        if self.enabled:
+            logger.warning(
+                "Short last batches run unpadded (one extra graph compilation each): %s. "
+                "--dataloader_drop_last keeps every batch the same shape.",
+                reason,
+            )
+        self.enabled = False
 
-    @staticmethod
-    def _pad(key: str, value: Any, rows: int, missing: int) -> Any:
-        if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.size(0) != rows:
-            return value
-        filler = value[-1:].expand(missing, *value.shape[1:])
-        if key in LABEL_KEYS:
-            filler = torch.full_like(filler, IGNORE_INDEX)
-        return torch.cat([value, filler], dim=0)
+    @contextlib.contextmanager
+    def padding(self, model: nn.Module, inner: nn.Module, rows: int) -> Iterator[None]:
+        """While active, `model`'s forward pads `rows`-row inputs; `inner` is the unwrapped model."""
+        if not self.enabled or rows >= self.batch_size:
+            yield
+            return
+        if _batch_coupled(inner):
+            self._give_up("the model has batch-norm layers, whose padded rows would change the statistics")
+            yield
+            return
+        original = model.__dict__.get("forward")
+        run = model.forward
+        model.forward = lambda *args, **kwargs: self._forward(run, inner, rows, args, kwargs)
+        try:
+            yield
+        finally:
+            if original is None:
+                del model.forward
+            else:
+                model.forward = original
+
+    def _forward(self, run: Callable, inner: nn.Module, rows: int, args: tuple, kwargs: dict) -> Any:
+        if not self.enabled:
+            return run(*args, **kwargs)
+        labels_in = [name for name in self.label_names if kwargs.get(name) is not None]
+        if labels_in and not (self.labels_into_forward and _has_loss_function(inner)):
+            self._give_up(
+                f"'{labels_in[0]}' goes into the model's forward, where padding rows could enter its loss"
+                + ("" if self.labels_into_forward else " (captured graphs would replay a fixed row count)")
+            )
+            return run(*args, **kwargs)
+        rng = torch.get_rng_state()  # so an unpadded rerun draws the same dropout masks
+        try:
+            with _real_rows_loss(inner, rows, self.batch_size) as own_losses:
+                outputs = run(*pad_rows(args, rows, self.batch_size), **pad_rows(kwargs, rows, self.batch_size))
+                _check_inert(outputs, self.batch_size, own_losses)
+        except _NotInert as e:
+            self._give_up(str(e))
+            torch.set_rng_state(rng)
+            return run(*args, **kwargs)
+        return cut_rows(outputs, rows, self.batch_size)
+
+
+def _has_loss_function(model: nn.Module) -> bool:
+    prop = getattr(type(model), "loss_function", None)
+    return isinstance(prop, property) and prop.fset is not None
+
+
+@contextlib.contextmanager
+def _real_rows_loss(model: nn.Module, rows: int, size: int) -> Iterator[list[torch.Tensor]]:
+    """Make the model's own `loss_function` see only the real rows; yields the losses it returned."""
+    if not _has_loss_function(model):
+        yield []
+        return
+    had_own = "_loss_function" in model.__dict__
+    loss_function = model.loss_function
+    returned: list[torch.Tensor] = []
+
+    def real_rows_only(*args: Any, **kwargs: Any) -> Any:
+        loss = loss_function(*cut_rows(args, rows, size), **cut_rows(kwargs, rows, size))
+        returned.append(loss)
+        return loss
+
+    model.loss_function = real_rows_only
+    try:
+        yield returned
+    finally:
+        if had_own:
+            model.loss_function = loss_function
+        else:
+            del model._loss_function
+
+
+def _check_inert(outputs: Any, size: int, own_losses: list[torch.Tensor]) -> None:
+    """Every output must be per-row (cut back afterwards) or a loss computed on the real rows only."""
+    for t in _tensors(outputs):
+        if any(t is loss for loss in own_losses):
+            continue
+        if t.dim() == 0 or t.size(0) != size:
+            raise _NotInert(
+                f"the model returned a {tuple(t.shape)} tensor that is not one row per sample "
+                "(a loss or statistic computed over the padding rows too)"
+            )

@@ -63,6 +63,7 @@ def environment_report() -> str:
     import optimum_gaudi
 
     from .devices import CPUDevice, CUDADevice, NoGaudiError, detect_device
+    from .devices.base import GB
     from .features import feature_table
 
     notes = []
@@ -76,7 +77,8 @@ def environment_report() -> str:
     except Exception as e:  # a half-working driver is exactly what a bug report is for
         count = f"unknown ({type(e).__name__}: {e})"
     try:
-        memory = ", ".join(f"{k.removesuffix(' (GB)')} {v} GB" for k, v in device.memory_stats().items())
+        free, total = device.memory_info()
+        memory = f"total {total / GB:.2f} GB, free {free / GB:.2f} GB"  # system RAM on CPU
     except Exception as e:
         memory = f"unavailable ({type(e).__name__}: {e})"
 
@@ -91,7 +93,7 @@ def environment_report() -> str:
         ("platform", platform.platform()),
         ("CPUs", _usable_cpus()),
         ("device", f"{device.type} x {count}"),
-        ("memory", memory),
+        ("device memory", memory),
     ]
     env = sorted(
         f"{name}={value}"

@@ -1,79 +1,117 @@
-"""Throughput that leaves out the warm-up steps (graph compilation, allocator growth), and memory logs.
+"""Throughput that leaves out the warm-up steps (graph compilation, allocator growth), over the whole run.
 
 transformers measures throughput from the start of ``train()``; on an accelerator the first steps compile
-graphs and can take minutes, so that number says little about the steady state people size jobs by.
+graphs and can take minutes, so that number says little about the steady state people size jobs by. The
+meter counts the samples and tokens really fed to the model (never padding rows), and its totals travel
+in checkpoints so a resumed run reports the whole run.
+
+Keys that measure time or memory differ from run to run by nature; :func:`is_measurement_key` names them,
+so comparisons (a resumed run against an uninterrupted one) can leave exactly those out.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-
-from transformers import TrainerCallback
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
+_TIME_SUFFIXES = ("_runtime", "_per_second")
+# our memory logs, transformers' memory tracker (train_mem_cpu_alloc_delta), and what a speed covered (a
+# resumed run warms up again, so train_throughput_steps counts fewer steps than an uninterrupted run's)
+_MEASUREMENT_MARKERS = (" (GB)", "_mem_", "_throughput_")
 
-class ThroughputCallback(TrainerCallback):
-    """Clocks training from the end of the ``warmup_steps``-th optimizer step of this ``train()`` call."""
+
+def is_measurement_key(key: str) -> bool:
+    """True for a logged key that measures time or memory (differs between identical runs)."""
+    return key.endswith(_TIME_SUFFIXES) or any(marker in key for marker in _MEASUREMENT_MARKERS)
+
+
+class Throughput:
+    """Clocks training from the end of the ``warmup_steps``-th optimizer step of each ``train()`` call.
+
+    A resumed run starts with the totals saved in its checkpoint (see :meth:`totals`) and warms up again,
+    since it compiles its graphs again.
+    """
 
     def __init__(self, warmup_steps: int) -> None:
         self.warmup_steps = warmup_steps
-        self.tokens = 0  # input tokens seen by this process since the clock started
+        self.samples = self.tokens = 0  # real rows and input tokens seen by this process since the clock started
+        self._carried: dict[str, float] = {}
+        self._begin: tuple[float, int, int] = (0.0, 0, 0)  # time, samples, tokens of this train() call, unclocked
         self._first_step: int | None = None
         self._clock_step: int | None = None
         self._clock_time: float | None = None
-        self._last_log: tuple[int, float, int] = (0, 0.0, 0)
+        self._last_log: tuple[int, float, int, int] = (0, 0.0, 0, 0)
         self.eval_begin()
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._first_step = state.global_step
+    def train_begin(self, global_step: int, carried: dict[str, float] | None = None) -> None:
+        self._carried = dict(carried or {})
+        self._first_step = global_step
+        self._begin = (time.time(), 0, 0)
         self._clock_step = self._clock_time = None
         if self.warmup_steps == 0:
-            self._start(state.global_step)
+            self._start(global_step)
 
-    def on_step_end(self, args, state, control, **kwargs):
-        if self._clock_time is None and state.global_step - self._first_step >= self.warmup_steps:
-            self._start(state.global_step)
+    def step_end(self, global_step: int) -> None:
+        if self._clock_time is None and global_step - self._first_step >= self.warmup_steps:
+            self._start(global_step)
 
     def _start(self, step: int) -> None:
-        self._clock_step, self._clock_time, self.tokens = step, time.time(), 0
-        self._last_log = (step, self._clock_time, 0)
+        self._clock_step, self._clock_time, self.samples, self.tokens = step, time.time(), 0, 0
+        self._last_log = (step, self._clock_time, 0, 0)
 
-    def interval(self, global_step: int, total_batch_size: int, world_size: int) -> dict[str, float]:
+    def count_batch(self, inputs: Any, rows: int | None) -> None:
+        """Count a batch as fed to the training step, before any padding."""
+        ids = inputs.get("input_ids") if isinstance(inputs, dict) else None
+        tokens = ids.numel() if ids is not None and hasattr(ids, "numel") else 0
+        begin_time, begin_samples, begin_tokens = self._begin
+        self._begin = (begin_time, begin_samples + (rows or 0), begin_tokens + tokens)
+        if self._clock_time is not None:
+            self.samples += rows or 0
+            self.tokens += tokens
+
+    def totals(self, global_step: int) -> dict[str, float]:
+        """Clocked steps, warm-up steps, samples, tokens (this process) and seconds of the run so far."""
+        segment = {"steps": 0, "warmup_steps": global_step - (self._first_step or 0), "samples": 0, "tokens": 0}
+        segment["seconds"] = 0.0
+        if self._clock_time is not None:
+            segment.update(steps=global_step - self._clock_step, samples=self.samples, tokens=self.tokens)
+            segment["warmup_steps"] = self._clock_step - self._first_step
+            segment["seconds"] = time.time() - self._clock_time
+        return {key: self._carried.get(key, 0) + value for key, value in segment.items()}
+
+    def interval(self, global_step: int, world_size: int) -> dict[str, float]:
         """Throughput since the previous training log (nothing during warm-up), so it can be plotted."""
         if self._clock_time is None or global_step <= self._last_log[0]:
             return {}
-        step, then, tokens = self._last_log
+        step, then, samples, tokens = self._last_log
         now = time.time()
-        self._last_log = (global_step, now, self.tokens)
-        rates = {"interval_samples_per_second": round((global_step - step) * total_batch_size / (now - then), 3)}
+        self._last_log = (global_step, now, self.samples, self.tokens)
+        rates = {"interval_samples_per_second": round((self.samples - samples) * world_size / (now - then), 3)}
         if self.tokens > tokens:
             rates["interval_tokens_per_second"] = round((self.tokens - tokens) * world_size / (now - then), 3)
         return rates
 
-    def count_tokens(self, inputs: dict) -> None:
-        ids = inputs.get("input_ids") if isinstance(inputs, dict) else None
-        if ids is not None and self._clock_time is not None and hasattr(ids, "numel"):
-            self.tokens += ids.numel()
-
-    def rewrite(self, metrics: dict, global_step: int, total_batch_size: int, world_size: int) -> None:
-        """Replace the final train speed metrics by their post-warm-up values, in place."""
-        if self._clock_time is None or global_step <= self._clock_step:
+    def rewrite(self, metrics: dict, global_step: int, world_size: int) -> None:
+        """Replace the final train speed metrics by their post-warm-up values over the whole run, in place."""
+        totals = self.totals(global_step)
+        if not totals["steps"]:
             logger.warning(
                 "--throughput_warmup_steps %d covers every step of this run: throughput includes warm-up.",
                 self.warmup_steps,
             )
-            metrics["train_throughput_steps"] = global_step - (self._first_step or 0)
-            return
-        steps = global_step - self._clock_step
-        runtime = time.time() - self._clock_time
-        metrics["train_samples_per_second"] = round(steps * total_batch_size / runtime, 3)
-        metrics["train_steps_per_second"] = round(steps / runtime, 3)
-        if self.tokens:
-            metrics["train_tokens_per_second"] = round(self.tokens * world_size / runtime, 3)
-        metrics["train_throughput_steps"] = steps
-        metrics["train_throughput_warmup_steps"] = self._clock_step - self._first_step
+            begin_time, samples, tokens = self._begin
+            totals = {"steps": global_step - self._first_step, "warmup_steps": 0, "samples": samples}
+            totals.update(tokens=tokens, seconds=time.time() - begin_time)
+        metrics["train_throughput_steps"] = totals["steps"]
+        metrics["train_throughput_warmup_steps"] = totals["warmup_steps"]
+        seconds = max(totals["seconds"], 1e-9)
+        metrics["train_samples_per_second"] = round(totals["samples"] * world_size / seconds, 3)
+        metrics["train_steps_per_second"] = round(totals["steps"] / seconds, 3)
+        if totals["tokens"]:
+            metrics["train_tokens_per_second"] = round(totals["tokens"] * world_size / seconds, 3)
 
     # ---- evaluation: the first `warmup_steps` batches of each evaluation compile graphs too ------------
 

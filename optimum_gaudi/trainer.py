@@ -7,6 +7,8 @@ part. With every Gaudi feature off it is transformers.Trainer, step for step.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import logging
 import os
 from typing import Any
@@ -16,13 +18,15 @@ from torch import nn
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_pt_utils import find_batch_size
 
-from .batching import StaticBatchCollator
+from .batching import StaticRows
+from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .configuration import GaudiConfig
 from .distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
+from .events import InternalCallbackHandler
 from .features import feature_table
-from .metrics import ThroughputCallback
+from .metrics import Throughput
 from .profiling import GaudiProfilerCallback
-from .training_args import GaudiTrainingArguments
+from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin
 
 logger = logging.getLogger(__name__)
 
@@ -30,39 +34,84 @@ logger = logging.getLogger(__name__)
 _ADAMW_OPTIMIZERS = {"adamw_torch", "adamw_torch_fused"}
 
 
-class _MarkStepAfterOptimizer(TrainerCallback):
-    """Lazy mode: flush the graph the optimizer step queued, before the next forward starts."""
+# Entry of TrainerState.stateful_callbacks (saved in every checkpoint) with the run's totals so far, so a
+# resumed run reports train_loss and throughput over the whole run, as the uninterrupted run would.
+RUN_TOTALS_KEY = "GaudiRunTotals"
 
-    def __init__(self, mark_step) -> None:
-        self.mark_step = mark_step
+
+class _LoopHooks(TrainerCallback):
+    """The trainer's own reactions to loop events; called by the handler, never listed among callbacks."""
+
+    def __init__(self, trainer: GaudiTrainerMixin) -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer._run_totals_begin()
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        self.mark_step()
+        if self.trainer._lazy_mark_step is not None:
+            self.trainer._lazy_mark_step()  # flush the graph the optimizer step queued
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trainer._throughput.step_end(state.global_step)
+        self.trainer._run_totals_snapshot(control)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.trainer._run_totals_snapshot(control)
 
 
-class GaudiTrainer(Trainer):
-    """Trainer for Gaudi (HPU) that runs unchanged on CUDA and CPU.
+@functools.cache
+def _args_position(cls: type) -> int:
+    """Where ``args`` sits among the positional parameters of the Trainer that ``cls`` builds on: TRL's
+    DPOTrainer takes ``ref_model`` before it, GRPOTrainer ``reward_funcs``. A class whose ``__init__`` only
+    passes ``*args, **kwargs`` through is skipped for the next one that names its parameters."""
+    mro = cls.__mro__
+    for klass in mro[mro.index(GaudiTrainerMixin) + 1 :]:
+        if "__init__" not in vars(klass):
+            continue
+        parameters = list(inspect.signature(klass.__init__).parameters.values())[1:]
+        positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if "args" in positional:
+            return positional.index("args")
+    raise TypeError(f"{cls.__name__}: no Trainer after GaudiTrainerMixin takes an `args` parameter.")
 
-    Extra argument: ``gaudi_config`` (a GaudiConfig, or anything ``GaudiConfig.from_pretrained`` takes);
-    by default it comes from ``args.gaudi_config_name``, else every Gaudi feature is off.
+
+class GaudiTrainerMixin(TrainerShims):
+    """The Gaudi features as narrow overrides of Trainer hooks; put it first to make any Trainer a Gaudi one.
+
+    ``class MyGaudiTrainer(GaudiTrainerMixin, MyTrainer)`` keeps MyTrainer's signature and adds one keyword,
+    ``gaudi_config`` (a GaudiConfig, or anything ``GaudiConfig.from_pretrained`` takes); by default it comes
+    from ``args.gaudi_config_name``, else every Gaudi feature is off. ``args`` must carry the Gaudi fields
+    (an instance of GaudiTrainingArgumentsMixin); when it is left out, ``gaudi_args_class`` builds one.
     """
+
+    gaudi_args_class: type = GaudiTrainingArguments
 
     def __init__(
         self,
-        model: nn.Module | None = None,
-        args: GaudiTrainingArguments | None = None,
         *trainer_args: Any,
-        gaudi_config: GaudiConfig | str | os.PathLike | None = None,
+        gaudi_config: GaudiConfig | dict[str, Any] | str | os.PathLike | None = None,
         **trainer_kwargs: Any,
     ) -> None:
+        position = _args_position(type(self))
+        by_position = "args" not in trainer_kwargs and len(trainer_args) > position
+        args = trainer_args[position] if by_position else trainer_kwargs.get("args")
         if args is None:
-            args = GaudiTrainingArguments(output_dir="trainer_output")
-        if not isinstance(args, GaudiTrainingArguments):
+            args = self.gaudi_args_class(output_dir="trainer_output")
+            if by_position:
+                trainer_args = (*trainer_args[:position], args, *trainer_args[position + 1 :])
+            else:
+                trainer_kwargs["args"] = args
+        if not isinstance(args, GaudiTrainingArgumentsMixin):
             raise TypeError(
-                f"GaudiTrainer needs GaudiTrainingArguments, got {type(args).__name__}; "
-                "build GaudiTrainingArguments(...) with the same keyword arguments."
+                f"{type(self).__name__} needs GaudiTrainingArguments (or arguments built with "
+                f"GaudiTrainingArgumentsMixin), got {type(args).__name__}; build {self.gaudi_args_class.__name__}(...) "
+                "with the same keyword arguments."
             )
-        if gaudi_config is not None and not isinstance(gaudi_config, GaudiConfig):
+        check_trainer_hooks(type(self))
+        if isinstance(gaudi_config, dict):
+            gaudi_config = GaudiConfig.from_dict(gaudi_config)
+        elif gaudi_config is not None and not isinstance(gaudi_config, GaudiConfig):
             gaudi_config = GaudiConfig.from_pretrained(gaudi_config)
         self.gaudi_config: GaudiConfig = gaudi_config or args.gaudi_config or GaudiConfig()
         self.gaudi_device = args.gaudi_device
@@ -72,21 +121,20 @@ class GaudiTrainer(Trainer):
         self._autocast = self._select_autocast(args)
         self._graph_wrapped: set[tuple[bool, int]] = set()
 
-        super().__init__(model, args, *trainer_args, **trainer_kwargs)
+        super().__init__(*trainer_args, **trainer_kwargs)
 
-        self._throughput = ThroughputCallback(args.throughput_warmup_steps)
-        self.add_callback(self._throughput)
+        self._static_rows = self._select_static_rows(args)
+        self._throughput = Throughput(args.throughput_warmup_steps)
+        self.callback_handler = InternalCallbackHandler.adopt(self.callback_handler, [_LoopHooks(self)])
         profiler = GaudiProfilerCallback.from_training_args(args)
         if profiler is not None:
             self.add_callback(profiler)
-        if self._lazy_mark_step is not None:
-            self.add_callback(_MarkStepAfterOptimizer(self._lazy_mark_step))
         if self.is_world_process_zero():
             table = feature_table(self.gaudi_device, args, self.gaudi_config)
             flags = ", ".join(f"{k}={v}" for k, v in args.gaudi_flags().items())
             logger.warning("Gaudi features on this run:\n%s\nGaudi arguments: %s", table, flags)
 
-    def _select_autocast(self, args: GaudiTrainingArguments):
+    def _select_autocast(self, args: GaudiTrainingArgumentsMixin):
         """bf16 autocast from the Gaudi config's op lists, or from `use_torch_autocast` alone.
 
         Plain ``--bf16`` without op lists is left to accelerate, exactly as transformers.Trainer does it.
@@ -96,6 +144,13 @@ class GaudiTrainer(Trainer):
         if not (config.use_torch_autocast or args.bf16) or (args.bf16 and not has_lists):
             return None
         return args.autocast_device.autocast_factory(config.autocast_bf16_ops, config.autocast_fp32_ops)
+
+    def _select_static_rows(self, args: GaudiTrainingArguments) -> StaticRows | None:
+        """Pad short batches only where the device compiles a graph per input shape."""
+        if not self.gaudi_device.static_shapes(args.use_lazy_mode):  # HPU Graphs need lazy mode on a Gaudi
+            return None
+        label_names = sorted({*self.label_names, "labels", "label", "label_ids"})
+        return StaticRows(self._train_batch_size, label_names, labels_into_forward=not args.use_hpu_graphs_for_training)
 
     def _build_accelerator_args(self, **kwargs) -> dict[str, Any]:
         accelerator_args = super()._build_accelerator_args(**kwargs)
@@ -129,20 +184,6 @@ class GaudiTrainer(Trainer):
         self._grad_allreduce = FusedGradientAllReduce(list(model.parameters()), dtype=self.args.fast_ddp_torch_dtype)
         return FastDDPModel(model)
 
-    # ---- data ---------------------------------------------------------------------------------------
-
-    def get_train_dataloader(self) -> torch.utils.data.DataLoader:
-        """With graphs (lazy mode, HPU Graphs) pad the last batch so its shape compiles no new graph."""
-        static = self.args.use_lazy_mode or self.args.use_hpu_graphs_for_training
-        if not static or self.args.dataloader_drop_last or self.data_collator is None:
-            return super().get_train_dataloader()
-        collator = self.data_collator
-        self.data_collator = StaticBatchCollator(collator, self._train_batch_size)
-        try:
-            return super().get_train_dataloader()
-        finally:
-            self.data_collator = collator
-
     # ---- step hooks ---------------------------------------------------------------------------------
 
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> contextlib.AbstractContextManager:
@@ -155,8 +196,13 @@ class GaudiTrainer(Trainer):
         return stack
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
-        self._throughput.count_tokens(inputs)
-        loss = super().training_step(model, inputs, num_items_in_batch)
+        rows = find_batch_size(inputs)
+        self._throughput.count_batch(inputs, rows)
+        if self._static_rows is None or rows is None:
+            loss = super().training_step(model, inputs, num_items_in_batch)
+        else:
+            with self._static_rows.padding(model, self.accelerator.unwrap_model(model), rows):
+                loss = super().training_step(model, inputs, num_items_in_batch)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # after backward
         if self._grad_allreduce is not None and self.accelerator.gradient_state.sync_gradients:
@@ -167,8 +213,10 @@ class GaudiTrainer(Trainer):
         self._throughput.eval_begin()
         return super().evaluation_loop(*args, **kwargs)
 
-    def prediction_step(self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys=None):
-        outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+    def prediction_step(
+        self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys=None, **kwargs: Any
+    ):
+        outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **kwargs)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # run the queued evaluation graph before the next batch
         self._throughput.eval_batch(find_batch_size(inputs) or 0)
@@ -202,17 +250,39 @@ class GaudiTrainer(Trainer):
     # ---- logging ------------------------------------------------------------------------------------
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        batch, world = self.get_total_train_batch_size(self.args), self.args.world_size
+        world = self.args.world_size
         eval_prefixes = [k.removesuffix("_runtime") for k in logs if k.endswith("_runtime") and k != "train_runtime"]
         if "train_runtime" in logs:
-            self._throughput.rewrite(logs, self.state.global_step, batch, world)
+            self._throughput.rewrite(logs, self.state.global_step, world)
         elif eval_prefixes:
             self._throughput.rewrite_eval(logs, eval_prefixes[0])
         elif "loss" in logs:
-            logs.update(self._throughput.interval(self.state.global_step, batch, world))
+            logs.update(self._throughput.interval(self.state.global_step, world))
             if self.is_world_process_zero():
                 logs.update(self.gaudi_device.memory_stats())
         super().log(logs, start_time)
+
+    # ---- a resumed run reports the whole run ------------------------------------------------------------
+
+    def _run_totals_begin(self) -> None:
+        """At train begin (after the loop reset its counters): pick up the totals a resumed checkpoint holds."""
+        carried = self.state.stateful_callbacks.get(RUN_TOTALS_KEY) or {}
+        self._throughput.train_begin(self.state.global_step, carried.get("throughput"))
+        self._run_first_step = carried.get("first_step", self.state.global_step)
+        if carried:  # transformers' train_loss = _total_loss_scalar / (global_step - _initial_global_step)
+            self._total_loss_scalar = carried["loss_sum"]
+            self._initial_global_step = self._run_first_step
+
+    def _run_totals_snapshot(self, control) -> None:
+        """Before a possible checkpoint: store the totals so far in the state it saves."""
+        if not (control.should_save or control.should_evaluate):
+            return
+        pending = nested_gather(self._tr_loss, self.args.parallel_mode).mean().item()  # not yet logged
+        self.state.stateful_callbacks[RUN_TOTALS_KEY] = {
+            "first_step": self._run_first_step,
+            "loss_sum": self._total_loss_scalar + pending,
+            "throughput": self._throughput.totals(self.state.global_step),
+        }
 
     # ---- saving -------------------------------------------------------------------------------------
 
@@ -220,3 +290,7 @@ class GaudiTrainer(Trainer):
         super()._save(output_dir, state_dict=state_dict)
         if self.args.should_save:
             self.gaudi_config.save_pretrained(output_dir if output_dir is not None else self.args.output_dir)
+
+
+class GaudiTrainer(GaudiTrainerMixin, Trainer):
+    """Trainer for Gaudi (HPU) that runs unchanged on CUDA and CPU: GaudiTrainerMixin + transformers.Trainer."""

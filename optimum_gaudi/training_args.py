@@ -26,17 +26,16 @@ HALF_PRECISION_BACKENDS = ("auto", "hpu_amp", "cpu_amp")
 FAST_DDP_DTYPES = ("auto", "float32", "bfloat16")
 
 
-_HF_FIELDS = {f.name for f in fields(TrainingArguments)}
-
-
 class GaudiArgumentError(ValueError):
     """A Gaudi flag, or a combination of flags, that cannot work; the message says how to fix it."""
 
 
 @dataclass
-class GaudiTrainingArguments(TrainingArguments):
-    """TrainingArguments with Habana Gaudi options. On a machine without a Gaudi the same flags still
-    parse and the run falls back to CUDA or CPU (see the feature table logged at start-up)."""
+class GaudiTrainingArgumentsMixin:
+    """The Gaudi fields and their checks, for any TrainingArguments subclass: put it first, e.g.
+    ``@dataclass class MyArgs(GaudiTrainingArgumentsMixin, Seq2SeqTrainingArguments)``. On a machine without
+    a Gaudi the same flags still parse and the run falls back to CUDA or CPU (see the feature table logged
+    at start-up)."""
 
     use_habana: bool = field(
         default=False,
@@ -101,6 +100,10 @@ class GaudiTrainingArguments(TrainingArguments):
     profiling_with_stack: bool = field(default=False, metadata={"help": "Record Python stacks in the profiler trace."})
 
     def __post_init__(self) -> None:
+        # TrainingArguments.__post_init__ would turn torch_compile on from its mode or backend, but only after
+        # the checks below ran; apply its rule first so they see the flag the run will really have.
+        if self.torch_compile_mode is not None or self.torch_compile_backend is not None:
+            self.torch_compile = True
         self._validate_gaudi_flags()
         self.gaudi_config = GaudiConfig.from_pretrained(self.gaudi_config_name) if self.gaudi_config_name else None
         self._set_bridge_environment()
@@ -121,7 +124,7 @@ class GaudiTrainingArguments(TrainingArguments):
 
     def gaudi_flags(self) -> dict[str, object]:
         """The Gaudi flags and their values, for the run's log."""
-        return {f.name: getattr(self, f.name) for f in fields(GaudiTrainingArguments) if f.name not in _HF_FIELDS}
+        return {f.name: getattr(self, f.name) for f in fields(GaudiTrainingArgumentsMixin)}
 
     @property
     def fast_ddp_torch_dtype(self) -> torch.dtype:
@@ -167,12 +170,11 @@ class GaudiTrainingArguments(TrainingArguments):
             fail(
                 "--pipelining_fwd_bwd adds a mark_step in lazy mode only; add --use_lazy_mode or drop --pipelining_fwd_bwd."
             )
+        compiling = self._compile_flags()
         if self.torch_compile and (self.use_hpu_graphs_for_training or self.use_hpu_graphs_for_inference):
-            fail(
-                "--torch_compile cannot be combined with HPU Graphs; choose --torch_compile or --use_hpu_graphs_for_*."
-            )
+            fail(f"{compiling} cannot be combined with HPU Graphs; choose compilation or --use_hpu_graphs_for_*.")
         if self.torch_compile and self.use_lazy_mode:
-            fail("--torch_compile needs eager mode; drop --use_lazy_mode when compiling.")
+            fail(f"{compiling} needs eager mode; drop --use_lazy_mode when compiling.")
         if self.half_precision_backend != "auto" and not self.bf16:
             logger.warning(
                 "--half_precision_backend %s has no effect without --bf16 or a Gaudi config with use_torch_autocast.",
@@ -185,6 +187,12 @@ class GaudiTrainingArguments(TrainingArguments):
         for flag in ("profiling_record_shapes", "profiling_with_stack"):
             if getattr(self, flag) and self.profiling_steps == 0:
                 logger.warning("--%s is ignored while --profiling_steps is 0.", flag)
+
+    def _compile_flags(self) -> str:
+        """The flags that turn compilation on, as the user wrote them."""
+        given = [f"--{name} {getattr(self, name)}" for name in ("torch_compile_mode", "torch_compile_backend")]
+        given = [flag for flag in given if not flag.endswith(" None")]
+        return f"{' '.join(given)} (which turns on --torch_compile)" if given else "--torch_compile"
 
     def _set_bridge_environment(self) -> None:
         """PT_HPU_LAZY_MODE and the autocast op-list files are read once, when habana_frameworks is imported."""
@@ -204,3 +212,8 @@ class GaudiTrainingArguments(TrainingArguments):
             raise GaudiArgumentError("HPU Graphs need lazy mode on a Gaudi; add --use_lazy_mode.")
         if self.half_precision_backend == "hpu_amp" and device.type != "hpu":
             logger.warning("--half_precision_backend hpu_amp: no Gaudi here, autocast runs on %s.", device.type)
+
+
+@dataclass
+class GaudiTrainingArguments(GaudiTrainingArgumentsMixin, TrainingArguments):
+    """TrainingArguments with Habana Gaudi options: GaudiTrainingArgumentsMixin + TrainingArguments."""

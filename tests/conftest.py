@@ -55,3 +55,14 @@ def bridge(monkeypatch):
     _unload_bridge()
     yield lambda: sys.modules["habana_frameworks"]
     _unload_bridge()
+
+
+@pytest.fixture(autouse=True)
+def _accelerate_environment():
+    """transformers 4.57's TrainingArguments export settings as ACCELERATE_* variables (a torch_compile
+    backend, mixed precision) that would leak into later tests; each test starts from the same ones."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith("ACCELERATE_")}
+    yield
+    for key in [k for k in os.environ if k.startswith("ACCELERATE_") and k not in saved]:
+        del os.environ[key]
+    os.environ.update(saved)

@@ -1,7 +1,9 @@
 import importlib.metadata
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,7 +55,7 @@ def test_env_reports_versions_device_and_every_feature(capsys):
         assert f"- {package}: {importlib.metadata.version(package)}" in out
     assert "- Habana bridge (habana-torch-plugin): " in out
     assert "- device: cpu x 1" in out or "- device: cuda x" in out
-    assert "total_memory_available" in out
+    assert "- device memory: total " in out
     for feature in FEATURES:
         assert feature in out
 
@@ -64,6 +66,46 @@ def test_env_on_the_simulated_bridge_reports_the_hpu(bridge, capsys):
     assert "- device: hpu x " in out
     assert "- Habana bridge (habana-torch-plugin): habana_frameworks importable" in out
     assert "hpex.optimizers.FusedAdamW" in out  # the table explains the HPU behaviour
+
+
+def memory_line(out):
+    (line,) = [line for line in out.splitlines() if line.startswith("- device memory: ")]
+    total, free = re.fullmatch(r"- device memory: total ([\d.]+) GB, free ([\d.]+) GB", line).groups()
+    return float(total), float(free)
+
+
+def meminfo_gb(field):
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024**2
+
+
+@pytest.mark.skipif(not Path("/proc/meminfo").is_file(), reason="reads Linux's /proc/meminfo")
+def test_env_on_cpu_reports_system_total_and_available_memory(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["env"]) == 0
+    total, free = memory_line(capsys.readouterr().out)
+    assert total == pytest.approx(meminfo_gb("MemTotal"), abs=0.01)
+    assert free == pytest.approx(meminfo_gb("MemAvailable"), abs=0.5)  # moves a little between the reads
+    assert total > 0.5  # the machine's, not this process's few hundred MB
+
+
+def test_env_on_cuda_reports_mem_get_info(capsys, monkeypatch):
+    # torch.cuda stubbed at its boundary: this machine has no GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (3 * 1024**3, 80 * 1024**3))
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "- device: cuda x 2" in out and memory_line(out) == (80.0, 3.0)
+
+
+def test_env_on_the_simulated_bridge_reports_hpu_memory(bridge, capsys, monkeypatch):
+    monkeypatch.setenv("FAKE_HPU_MEMORY_LIMIT", str(96 * 1024**3))
+    assert main(["env"]) == 0
+    total, free = memory_line(capsys.readouterr().out)
+    assert total == 96.0 and 90 < free < 96  # the limit less what the simulated device has in use
+    assert "hpu.mem_get_info" in bridge().names()
 
 
 def test_plot_writes_a_png(tmp_path, capsys):

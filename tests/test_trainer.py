@@ -99,43 +99,6 @@ def test_plain_training_arguments_are_refused_with_a_hint(tiny_gpt2, tmp_path):
         GaudiTrainer(model=tiny_gpt2(), args=TrainingArguments(output_dir=str(tmp_path)))
 
 
-class RecordShapes:
-    """Wraps the model forward to record the batch shapes the trainer feeds it."""
-
-    def __init__(self, model):
-        self.shapes = []
-        model.register_forward_pre_hook(
-            lambda m, a, kw: self.shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
-        )
-
-
-def epoch_loss(trainer_cls, tiny_gpt2, data, tmp_path, **kwargs):
-    args = GaudiTrainingArguments(
-        output_dir=str(tmp_path), num_train_epochs=1, per_device_train_batch_size=8, report_to=[],
-        save_strategy="no", seed=0, learning_rate=0.0, **kwargs,
-    )  # fmt: skip
-    model = tiny_gpt2(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # dropout masks depend on batch shape
-    recorder = RecordShapes(model)
-    trainer = trainer_cls(model=model, args=args, train_dataset=data)
-    return trainer.train().training_loss, recorder.shapes
-
-
-def test_static_last_batch_in_lazy_mode_keeps_shapes_and_loss(tiny_gpt2, tiny_lm_data, tmp_path):
-    data = tiny_lm_data[:20]  # batches of 8, 8 and 4
-    ref_loss, ref_shapes = epoch_loss(GaudiTrainer, tiny_gpt2, data, tmp_path / "a")
-    loss, shapes = epoch_loss(GaudiTrainer, tiny_gpt2, data, tmp_path / "b", use_lazy_mode=True)
-    assert ref_shapes[-1] == (4, 16)
-    assert set(shapes) == {(8, 16)} and len(shapes) == 3
-    assert loss == pytest.approx(ref_loss, rel=1e-5)
-
-
-def test_drop_last_drops_the_small_batch_instead(tiny_gpt2, tiny_lm_data, tmp_path):
-    _, shapes = epoch_loss(
-        GaudiTrainer, tiny_gpt2, tiny_lm_data[:20], tmp_path, use_lazy_mode=True, dataloader_drop_last=True
-    )
-    assert shapes == [(8, 16), (8, 16)]
-
-
 def test_the_run_log_records_the_feature_table_and_every_gaudi_flag(tiny_gpt2, tmp_path, caplog):
     import logging
 

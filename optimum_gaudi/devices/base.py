@@ -68,6 +68,11 @@ class Device:
         """Replay the evaluation forward as a graph where the device can; elsewhere the model as it is."""
         return model
 
+    def static_shapes(self, lazy_mode: bool) -> bool:
+        """Whether to keep shapes fixed (inputs padded to buckets, a fixed-size generation cache): worth it
+        only where each new shape compiles a new graph."""
+        return False
+
     def capture_graph(self, fn: Callable[..., Any], static_inputs: tuple) -> tuple[Any, Callable[[], None]]:
         """Run `fn` once on `static_inputs`; return its outputs and a replay function that refreshes them.
 
@@ -90,6 +95,10 @@ class Device:
 
     def memory_stats(self) -> dict[str, float]:
         """Memory in GB: allocated now, peak allocated, and total available."""
+        raise NotImplementedError
+
+    def memory_info(self) -> tuple[int, int]:
+        """(free, total) bytes of the device's memory, whoever uses it: what a bug report needs."""
         raise NotImplementedError
 
     def describe(self) -> str:

@@ -21,6 +21,18 @@ def _peak_rss_bytes() -> int:
     return peak if os.uname().sysname == "Darwin" else peak * 1024
 
 
+def _meminfo_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name == field:
+                    return int(value.split()[0]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 class CPUDevice(Device):
     type = "cpu"
     ddp_backend = "gloo"
@@ -36,6 +48,13 @@ class CPUDevice(Device):
         "distribution_strategy": "gloo process group",
         "torch_compile": "inductor backend",
     }
+
+    def memory_info(self) -> tuple[int, int]:
+        """System RAM: available (what the kernel can hand out without swapping) and total."""
+        page = os.sysconf("SC_PAGE_SIZE")
+        total = _meminfo_bytes("MemTotal") or page * os.sysconf("SC_PHYS_PAGES")
+        free = _meminfo_bytes("MemAvailable") or page * os.sysconf("SC_AVPHYS_PAGES")
+        return free, total
 
     def memory_stats(self) -> dict[str, float]:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -46,6 +46,10 @@ class CUDADevice(Device):
     def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
         return [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
 
+    def memory_info(self) -> tuple[int, int]:
+        free, total = torch.cuda.mem_get_info(torch.cuda.current_device())
+        return int(free), int(total)
+
     def memory_stats(self) -> dict[str, float]:
         index = torch.cuda.current_device()
         return {

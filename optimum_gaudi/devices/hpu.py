@@ -145,6 +145,10 @@ class HPUDevice(Device):
 
         return wrap_in_hpu_graph(model, disable_tensor_cache=disable_tensor_cache)
 
+    def static_shapes(self, lazy_mode: bool) -> bool:
+        """Lazy mode compiles (and HPU Graphs capture) one graph per input shape."""
+        return lazy_mode
+
     def capture_graph(self, fn: Callable[..., Any], static_inputs: tuple) -> tuple[Any, Callable[[], None]]:
         from habana_frameworks.torch.hpu import HPUGraph, graph
 
@@ -162,6 +166,10 @@ class HPUDevice(Device):
         """HPU activity where this torch build knows it (Habana's builds do)."""
         activity = torch.profiler.ProfilerActivity
         return [activity.CPU, activity.HPU] if hasattr(activity, "HPU") else [activity.CPU]
+
+    def memory_info(self) -> tuple[int, int]:
+        free, total = importlib.import_module("habana_frameworks.torch.hpu").mem_get_info()
+        return int(free), int(total)
 
     def memory_stats(self) -> dict[str, float]:
         stats = importlib.import_module("habana_frameworks.torch.hpu").memory_stats()

@@ -1,0 +1,153 @@
+"""What this package needs from the installed transformers: the hooks, a shim per older release, one check.
+
+The Gaudi features override a handful of Trainer hooks. transformers 5.3 has them all; older releases
+(5.0 to 5.2, 4.57) lack three, which the small shims below rebuild from what those releases do have. They
+sit between the Gaudi mixin and the Trainer and are empty on 5.3 and later. A release that drops or
+renames a hook with no shim fails at construction with one clear line, never silently trains without the
+feature.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import transformers
+from torch import nn
+from transformers import Trainer
+
+# The Trainer methods GaudiTrainerMixin overrides (docs/architecture.md says which feature uses which).
+TRAINER_HOOKS = (
+    "_build_accelerator_args",
+    "_wrap_model",
+    "autocast_smart_context_manager",
+    "compute_loss_context_manager",
+    "training_step",
+    "evaluation_loop",
+    "prediction_step",
+    "create_optimizer",
+    "_clip_grad_norm",
+    "log",
+    "_save",
+)
+
+
+try:
+    from transformers.trainer_pt_utils import nested_gather
+except ImportError:  # transformers < 5.2 had it as a Trainer method, _nested_gather
+
+    def nested_gather(tensors: Any, parallel_mode: Any, name: str | None = None) -> Any:
+        """``tensors`` gathered from every process where training is distributed (no XLA, no SageMaker)."""
+        from transformers.trainer_pt_utils import distributed_concat
+        from transformers.training_args import ParallelMode
+
+        if tensors is None or parallel_mode != ParallelMode.DISTRIBUTED:
+            return tensors
+        return distributed_concat(tensors)
+
+
+class TrainerHookError(TypeError):
+    """The installed transformers lacks a Trainer hook that a Gaudi feature overrides."""
+
+
+class _CreateOptimizerTakesModel:
+    """transformers < 5.3: ``create_optimizer()`` has no ``model`` argument and always uses ``self.model``."""
+
+    def create_optimizer(self, model: nn.Module | None = None):
+        return super().create_optimizer()
+
+
+class _Parameters:
+    """A stand-in for the model where an older release hands over only its parameters."""
+
+    def __init__(self, parameters: Iterable[nn.Parameter]) -> None:
+        self._parameters = list(parameters)
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        return iter(self._parameters)
+
+
+class _ClipGradNormHook:
+    """transformers < 5.3 clips inline, ``accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)``:
+    that call is routed through a ``_clip_grad_norm(model)`` hook, as later releases have it."""
+
+    def create_accelerator_and_postprocess(self) -> None:
+        super().create_accelerator_and_postprocess()
+        accelerate_clip = self._accelerate_clip_grad_norm = self.accelerator.clip_grad_norm_
+
+        def clip_grad_norm_(parameters, max_norm, *args: Any, **kwargs: Any):
+            if args or kwargs or max_norm != self.args.max_grad_norm:  # not the training loop's clipping
+                return accelerate_clip(parameters, max_norm, *args, **kwargs)
+            return self._clip_grad_norm(_Parameters(parameters))
+
+        self.accelerator.clip_grad_norm_ = clip_grad_norm_
+
+    def _clip_grad_norm(self, model: nn.Module):
+        return self._accelerate_clip_grad_norm(model.parameters(), self.args.max_grad_norm)
+
+
+class _BuildAcceleratorArgsHook:
+    """transformers < 5.2 builds the Accelerator's arguments inline: the mixed precision that
+    ``_build_accelerator_args`` settles is handed over through what those releases read (the training
+    arguments' ``mixed_precision`` on 5.0 and 5.1, accelerate's environment variable on 4.57)."""
+
+    def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
+        mixed_precision = getattr(self.args, "mixed_precision", None)
+        return {"mixed_precision": mixed_precision or os.environ.get("ACCELERATE_MIXED_PRECISION", "no")}
+
+    def create_accelerator_and_postprocess(self) -> None:
+        wanted = self._build_accelerator_args()["mixed_precision"]
+        with _mixed_precision(self.args, wanted):
+            super().create_accelerator_and_postprocess()
+
+
+@contextlib.contextmanager
+def _mixed_precision(args: Any, value: str) -> Iterator[None]:
+    saved_env = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    saved_arg = getattr(args, "mixed_precision", None)
+    os.environ["ACCELERATE_MIXED_PRECISION"] = value
+    if saved_arg is not None:
+        args.mixed_precision = value
+    try:
+        yield
+    finally:
+        if saved_env is None:
+            os.environ.pop("ACCELERATE_MIXED_PRECISION", None)
+        else:
+            os.environ["ACCELERATE_MIXED_PRECISION"] = saved_env
+        if saved_arg is not None:
+            args.mixed_precision = saved_arg
+
+
+SHIMS = tuple(
+    shim
+    for shim, needed in (
+        (_CreateOptimizerTakesModel, "model" not in inspect.signature(Trainer.create_optimizer).parameters),
+        (_ClipGradNormHook, not hasattr(Trainer, "_clip_grad_norm")),
+        (_BuildAcceleratorArgsHook, not hasattr(Trainer, "_build_accelerator_args")),
+    )
+    if needed
+)
+
+
+class TrainerShims(*SHIMS):
+    """Base of GaudiTrainerMixin: the shims this transformers release needs (none from 5.3 on)."""
+
+
+@functools.cache
+def check_trainer_hooks(cls: type) -> None:
+    """Fails when a hook the Gaudi mixin overrides is missing from the Trainer classes ``cls`` builds on."""
+    from .trainer import GaudiTrainerMixin
+
+    mro = cls.__mro__
+    parents = mro[mro.index(GaudiTrainerMixin) + 1 :]
+    missing = [name for name in TRAINER_HOOKS if not any(name in vars(p) for p in parents)]
+    if missing:
+        raise TrainerHookError(
+            f"{cls.__name__}: transformers {transformers.__version__} has no Trainer.{', Trainer.'.join(missing)}, "
+            "which the Gaudi features override; install a transformers release that optimum-gaudi supports (see setup.py)."
+        )

@@ -1,0 +1,76 @@
+"""GaudiSeq2SeqTrainer: the Gaudi mixin on transformers' Seq2SeqTrainer (T5, BART, ... evaluated with generate).
+
+Generation is transformers' own. Where the device compiles a graph per shape (a Gaudi in lazy mode, the
+only place HPU Graphs run too), evaluation keeps generation's shapes fixed: the encoder inputs are padded
+to a multiple of ``STATIC_INPUT_MULTIPLE`` (masked, so the outputs do not change) and the decoder uses a
+fixed-size key/value cache. Elsewhere nothing changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+from .trainer import GaudiTrainerMixin
+from .training_args import GaudiTrainingArgumentsMixin
+
+# Encoder inputs are padded up to a multiple of this during generation with static shapes: one compiled
+# graph serves every batch whose longest input falls in the same bucket.
+STATIC_INPUT_MULTIPLE = 32
+
+
+@dataclass
+class GaudiSeq2SeqTrainingArguments(GaudiTrainingArgumentsMixin, Seq2SeqTrainingArguments):
+    """Seq2SeqTrainingArguments (``predict_with_generate``, ``generation_max_length``,
+    ``generation_num_beams``, ``generation_config``) with the Gaudi options."""
+
+
+class GaudiSeq2SeqTrainer(GaudiTrainerMixin, Seq2SeqTrainer):
+    """Seq2SeqTrainer with the Gaudi features; on HPU, generation during evaluation keeps static shapes in
+    lazy mode and runs through the HPU Graphs that ``--use_hpu_graphs_for_inference`` wraps the model in."""
+
+    gaudi_args_class = GaudiSeq2SeqTrainingArguments
+
+    def prediction_step(
+        self,
+        model: nn.Module,
+        inputs: dict[str, torch.Tensor | Any],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+        **gen_kwargs: Any,
+    ):
+        generating = self.args.predict_with_generate and not prediction_loss_only
+        if generating and self.gaudi_device.static_shapes(self.args.use_lazy_mode):
+            gen_kwargs = {**(gen_kwargs or getattr(self, "_gen_kwargs", {}))}
+            gen_kwargs.setdefault("cache_implementation", "static")
+            inputs = pad_encoder_inputs(inputs, self._encoder_pad_token_id(), STATIC_INPUT_MULTIPLE)
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+
+    def _encoder_pad_token_id(self) -> int:
+        pad = getattr(self.model.config, "pad_token_id", None)
+        if pad is None:
+            pad = getattr(self.processing_class, "pad_token_id", None)
+        return 0 if pad is None else int(pad)  # masked out: any id in the vocabulary will do
+
+
+def pad_encoder_inputs(inputs: dict[str, Any], pad_token_id: int, multiple: int) -> dict[str, Any]:
+    """``input_ids`` and ``attention_mask`` padded on the right to a multiple of ``multiple``; the padding is
+    masked, so the encoder's outputs at the real positions stay the same."""
+    input_ids = inputs.get("input_ids")
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        return inputs
+    length = input_ids.shape[1]
+    extra = -length % multiple
+    if extra == 0:
+        return inputs
+    mask = inputs.get("attention_mask")
+    if mask is None:
+        mask = torch.ones_like(input_ids)
+    padded = dict(inputs)
+    padded["input_ids"] = nn.functional.pad(input_ids, (0, extra), value=pad_token_id)
+    padded["attention_mask"] = nn.functional.pad(mask, (0, extra), value=0)
+    return padded

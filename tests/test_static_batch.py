@@ -1,0 +1,199 @@
+"""A short last batch never changes a loss or a gradient, whatever the loss (issue 9, point 1).
+
+On CPU (and CUDA) lazy mode is a no-op and nothing is padded. On the simulated Gaudi (tests/fakes, a test
+double) lazy mode and HPU Graphs compile per shape, so the short batch is padded where the padding rows
+provably stay out of the loss, and runs unpadded otherwise.
+"""
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
+
+from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
+from optimum_gaudi.batching import StaticRows, cut_rows, pad_rows
+from optimum_gaudi.devices import HPUDevice
+
+SAMPLES, BATCH, LENGTH = 66, 8, 8  # 8 full batches and a last one of 2 rows
+UNPADDED = "run unpadded"
+
+
+class OwnLossTrainer(GaudiTrainer):
+    """A user's compute_loss: MSE on the regression head, labels never given to the model."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        outputs = model(input_ids=inputs["input_ids"])
+        loss = nn.functional.mse_loss(outputs.logits.squeeze(-1), inputs["labels"])
+        return (loss, outputs) if return_outputs else loss
+
+
+def config(**overrides):
+    base = dict(vocab_size=100, n_layer=1, n_embd=32, n_head=2, n_positions=LENGTH, pad_token_id=0)
+    # dropout off: a padded batch draws masks of another shape, so equality could only hold in distribution
+    return GPT2Config(**base, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **overrides)
+
+
+def data(task):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 100, (SAMPLES, LENGTH), generator=g)
+    if task in ("regression", "own_compute_loss"):
+        labels = (torch.randn(SAMPLES, generator=g) * 0.5).tolist()
+    elif task == "classification":
+        labels = torch.randint(0, 3, (SAMPLES,), generator=g).tolist()
+    else:
+        labels = ids.tolist()
+    return [{"input_ids": i, "labels": label} for i, label in zip(ids.tolist(), labels, strict=True)]
+
+
+def model(task):
+    torch.manual_seed(0)
+    if task in ("regression", "own_compute_loss"):
+        return GPT2ForSequenceClassification(config(num_labels=1))
+    if task == "classification":
+        return GPT2ForSequenceClassification(config(num_labels=3))
+    return GPT2LMHeadModel(config())
+
+
+TASKS = {
+    "regression": ({}, GaudiTrainer),
+    "classification": ({}, GaudiTrainer),
+    "own_compute_loss": ({}, OwnLossTrainer),
+    "label_smoothing": ({"label_smoothing_factor": 0.1}, GaudiTrainer),
+    "causal_lm": ({}, GaudiTrainer),
+}
+
+
+def train(task, tmp_path, **kwargs):
+    """Per-step losses and grad norms, final weights and the row count of every forward."""
+    extra, trainer_cls = TASKS[task]
+    settings = dict(num_train_epochs=1, per_device_train_batch_size=BATCH, logging_steps=1, learning_rate=1e-3)
+    settings.update(report_to=[], save_strategy="no", seed=0, **extra, **kwargs)
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), **settings)
+    net = model(task)
+    rows = []
+    net.transformer.wte.register_forward_pre_hook(lambda module, inputs: rows.append(inputs[0].size(0)))
+    trainer = trainer_cls(model=net, args=args, train_dataset=data(task))
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    weights = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    return trainer, [h["loss"] for h in logs], [h["grad_norm"] for h in logs], weights, rows
+
+
+def cpu_reference(task, tmp_path, **kwargs):
+    """The unpadded run, on CPU. Lazy mode is a no-op there (see the test above), but it sets PT_HPU_LAZY_MODE=1
+    as the simulated Gaudi run that follows needs it: accelerate imports habana_frameworks whenever it can."""
+    reference = train(task, tmp_path / "cpu", use_cpu=True, use_lazy_mode=True, **kwargs)
+    assert reference[-1][-1] == SAMPLES % BATCH  # the short batch really ran short
+    return reference
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_lazy_mode_on_cpu_pads_nothing_and_changes_nothing(task, tmp_path):
+    _, ref_loss, ref_norm, ref_weights, ref_rows = train(task, tmp_path / "eager")
+    _, loss, norm, weights, rows = train(task, tmp_path / "lazy", use_lazy_mode=True)
+    assert ref_rows == rows == [BATCH] * 8 + [2]
+    assert len(loss) == 9
+    assert loss == ref_loss and norm == ref_norm  # bit for bit, the last step included
+    assert all(torch.equal(weights[k], ref_weights[k]) for k in ref_weights)
+
+
+# Where the padded rows are provably inert the simulated Gaudi sees 8 rows; elsewhere the short batch
+# runs unpadded. The sequence-classification head computes its loss inline (not via loss_function), which
+# only shows after a padded forward: that forward is thrown away and the batch rerun unpadded.
+LAST_ROWS_LAZY = {
+    "regression": [8, 2],
+    "classification": [8, 2],
+    "own_compute_loss": [8],
+    "label_smoothing": [8],
+    "causal_lm": [8],  # the model's own loss_function sees the real rows only
+}
+LAST_ROWS_GRAPHS = {**LAST_ROWS_LAZY, "regression": [2], "classification": [2], "causal_lm": [2]}
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["lazy", "lazy+hpu_graphs"])
+@pytest.mark.parametrize("task", TASKS)
+def test_simulated_gaudi_pads_only_inert_rows(task, graphs, bridge, tmp_path, caplog):
+    _, ref_loss, ref_norm, ref_weights, _ = cpu_reference(task, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        trainer, loss, norm, weights, rows = train(
+            task, tmp_path / "hpu", use_habana=True, use_lazy_mode=True, use_hpu_graphs_for_training=graphs
+        )
+    assert isinstance(trainer.args.gaudi_device, HPUDevice)
+    expected = (LAST_ROWS_GRAPHS if graphs else LAST_ROWS_LAZY)[task]
+    assert rows == [BATCH] * 8 + expected
+    assert sum(UNPADDED in r.getMessage() for r in caplog.records) == (expected[-1] == 2)
+    assert loss == ref_loss and norm == ref_norm  # bit for bit, padded or not
+    assert all(torch.equal(weights[k], ref_weights[k]) for k in ref_weights)
+
+
+@pytest.mark.parametrize("task", ["causal_lm", "own_compute_loss"])
+def test_padding_under_gradient_accumulation_changes_nothing(task, bridge, tmp_path):
+    _, ref_loss, ref_norm, ref_weights, _ = cpu_reference(task, tmp_path, gradient_accumulation_steps=2)
+    _, loss, norm, weights, rows = train(
+        task, tmp_path / "hpu", use_habana=True, use_lazy_mode=True, gradient_accumulation_steps=2
+    )
+    assert rows == [BATCH] * 9 and len(loss) == 5  # the last optimizer step has one padded micro-batch
+    assert loss == ref_loss and norm == ref_norm
+    assert all(torch.equal(weights[k], ref_weights[k]) for k in ref_weights)
+
+
+def test_padding_rows_count_in_no_throughput(bridge, tmp_path):
+    trainer, *_, rows = train("causal_lm", tmp_path, use_habana=True, use_lazy_mode=True)
+    assert rows[-1] == BATCH  # padded for the graph...
+    totals = trainer._throughput.totals(trainer.state.global_step)
+    assert totals["samples"] == SAMPLES and totals["tokens"] == SAMPLES * LENGTH  # ...but counted as 2 rows
+
+
+def test_unpadded_warning_is_given_once_per_run(bridge, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        *_, rows = train("regression", tmp_path, use_habana=True, use_lazy_mode=True, num_train_epochs=3)
+    assert rows.count(2) == 3 and rows.count(BATCH) == 8 * 3 + 1  # one thrown-away padded forward
+    assert sum(UNPADDED in r.getMessage() for r in caplog.records) == 1
+
+
+# ---- StaticRows on its own --------------------------------------------------------------------------
+
+
+class InlineLoss(nn.Module):
+    """Computes a loss inside its forward from an input no label name announces."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(3, 1)
+
+    def forward(self, x, y):
+        prediction = self.linear(x).squeeze(-1)
+        return {"loss": ((prediction - y) ** 2).mean(), "prediction": prediction}
+
+
+def test_a_loss_computed_over_the_padding_is_caught_and_rerun_unpadded(caplog):
+    torch.manual_seed(0)
+    net, x, y = InlineLoss(), torch.randn(2, 3), torch.randn(2)
+    expected = net(x, y)["loss"]
+    static = StaticRows(batch_size=8, label_names=["labels"], labels_into_forward=True)
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"), static.padding(net, net, rows=2):
+        got = net(x, y)["loss"]
+    assert torch.equal(got, expected)
+    assert not static.enabled and UNPADDED in caplog.text
+    assert "forward" not in net.__dict__  # the model is left as it was
+
+
+def test_batch_norm_models_are_never_padded(caplog):
+    net = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    seen = []
+    net.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0].size(0)))
+    static = StaticRows(batch_size=8, label_names=["labels"], labels_into_forward=True)
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"), static.padding(net, net, rows=2):
+        net(torch.randn(2, 3))
+    assert seen == [2] and "batch-norm" in caplog.text
+
+
+def test_pad_and_cut_rows_round_trip_nested_outputs():
+    batch = {"ids": torch.arange(6).view(3, 2), "scale": torch.tensor(2.0), "nested": (torch.ones(3, 1),)}
+    padded = pad_rows(batch, rows=3, size=5)
+    assert padded["ids"].shape == (5, 2) and torch.equal(padded["ids"][3:], batch["ids"][-1:].expand(2, 2))
+    assert padded["scale"] is batch["scale"] and padded["nested"][0].shape == (5, 1)
+    back = cut_rows(padded, rows=3, size=5)
+    assert torch.equal(back["ids"], batch["ids"]) and back["nested"][0].shape == (3, 1)
