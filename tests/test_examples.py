@@ -276,3 +276,31 @@ def test_run_generation_without_a_model_points_to_make_demo(tmp_path, monkeypatc
         f"error: no model at {tmp_path / 'outputs' / 'demo'}: run `make demo` to train one there, "
         "or pass --model_name_or_path."
     )
+
+
+# ---- 4. summarization ----------------------------------------------------------------------------------------
+
+
+def test_rouge_follows_its_definition():
+    from optimum_gaudi.rouge import rouge
+
+    scores = rouge(["The cat sat.", "nothing shared"], ["the cat sat on the mat", "completely different"])
+    # pair 1: unigrams P=3/3 R=3/6 -> F1 2/3; bigrams P=2/2 R=2/5 -> 4/7; LCS 3 -> 2/3. pair 2: all zero.
+    assert scores == pytest.approx({"rouge1": 100 * (2 / 3) / 2, "rouge2": 100 * (4 / 7) / 2, "rougeL": 100 * (2 / 3) / 2}, abs=1e-3)  # fmt: skip
+    assert rouge(["b a"], ["a b"])["rougeL"] == pytest.approx(50.0)  # order matters for LCS, not for ROUGE-1
+    assert rouge(["b a"], ["a b"])["rouge1"] == pytest.approx(100.0)
+
+
+def test_run_summarization_trains_a_small_bart_and_scores_generated_summaries(env, tmp_path):
+    out = tmp_path / "summarization"
+    ok(run(
+        env, "run_summarization", "--do_train", "--do_eval", "--predict_with_generate", "--max_steps", "2",
+        "--per_device_train_batch_size", "4", "--max_source_length", "64", "--max_target_length", "12",
+        "--max_eval_samples", "4", "--output_dir", str(out), *GAUDI, "--gaudi_config_name", "Habana/bart", *QUIET,
+    ))  # fmt: skip
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "bart" and config["d_model"] == 128
+    assert (out / "gaudi_config.json").is_file()
+    metrics = json.loads((out / "eval_results.json").read_text())
+    assert {"eval_rouge1", "eval_rouge2", "eval_rougeL"} <= set(metrics)
+    assert 0 < metrics["eval_gen_len"] <= 12 and metrics["eval_samples"] == 4
