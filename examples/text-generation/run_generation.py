@@ -68,7 +68,10 @@ class GenerationArguments:
     )
     static_shapes: bool = field(
         default=False,
-        metadata={"help": "Bucketed prompts and a fixed-size cache; always on with --use_hpu_graphs or lazy mode."},
+        metadata={
+            "help": "Bucketed prompts and a fixed-size cache; always on where each shape compiles a graph "
+            "(a Gaudi in lazy mode, which HPU Graphs need)."
+        },
     )
     warmup: int = field(default=2, metadata={"help": "Untimed generations first (graph compilation, caches)."})
     n_iterations: int = field(default=3, metadata={"help": "Timed generations."})
@@ -84,7 +87,6 @@ class GenerationArguments:
             raise UsageError(f"--warmup must be >= 0, got {self.warmup}.")
         if not self.do_sample and any(v is not None for v in (self.top_k, self.top_p, self.temperature)):
             raise UsageError("--top_k, --top_p and --temperature apply to sampling: add --do_sample.")
-        self.static_shapes = self.static_shapes or self.use_hpu_graphs or self.use_lazy_mode
 
 
 def bucketed(length: int, bucket: int) -> int:
@@ -155,6 +157,7 @@ def run(args: GenerationArguments) -> dict[str, Any]:
         report_to=[],
     )
     gaudi_device = device_args.gaudi_device
+    args.static_shapes = args.static_shapes or gaudi_device.static_shapes(args.use_lazy_mode)
     set_seed(args.seed)
     model, tokenizer = load(args, device_args.device)
     if args.use_hpu_graphs:
