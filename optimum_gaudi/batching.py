@@ -4,7 +4,7 @@ In lazy mode or under HPU Graphs every new input shape compiles a new graph, so 
 batch costs a compilation for one step. :class:`StaticRows` runs that batch's forward at the full batch size
 and hands every loss the real rows only:
 
-- the forward sees the short batch padded (the last real row repeated) to ``batch_size`` rows;
+- the forward sees the short batch padded (the last real row repeated) to the full batch size;
 - every batch-first output is cut back to the real rows before the caller (``compute_loss``, the user's own
   ``compute_loss``, a label smoother, ``compute_loss_func``) sees it;
 - a loss the model computes inside its forward goes through the model's ``loss_function``, which is given
@@ -82,14 +82,13 @@ def _batch_coupled(model: nn.Module) -> bool:
 
 
 class StaticRows:
-    """Pads short batches to `batch_size` rows inside the forward, keeping the padding out of every loss.
+    """Pads short batches to the full batch size inside the forward, keeping the padding out of every loss.
 
     `labels_into_forward` allows padding when labels go into the model (its ``loss_function`` then sees the
     real rows only); leave it off where forwards are replayed from captured graphs.
     """
 
-    def __init__(self, batch_size: int, label_names: list[str], labels_into_forward: bool) -> None:
-        self.batch_size = batch_size
+    def __init__(self, label_names: list[str], labels_into_forward: bool) -> None:
         self.label_names = label_names
         self.labels_into_forward = labels_into_forward
         self.enabled = True
@@ -104,9 +103,10 @@ class StaticRows:
         self.enabled = False
 
     @contextlib.contextmanager
-    def padding(self, model: nn.Module, inner: nn.Module, rows: int) -> Iterator[None]:
-        """While active, `model`'s forward pads `rows`-row inputs; `inner` is the unwrapped model."""
-        if not self.enabled or rows >= self.batch_size:
+    def padding(self, model: nn.Module, inner: nn.Module, rows: int, size: int) -> Iterator[None]:
+        """While active, `model`'s forward pads `rows`-row inputs to `size` rows; `inner` is the unwrapped
+        model. `size` is asked each step: --auto_find_batch_size may lower it."""
+        if not self.enabled or rows >= size:
             yield
             return
         if _batch_coupled(inner):
@@ -115,7 +115,7 @@ class StaticRows:
             return
         original = model.__dict__.get("forward")
         run = model.forward
-        model.forward = lambda *args, **kwargs: self._forward(run, inner, rows, args, kwargs)
+        model.forward = lambda *args, **kwargs: self._forward(run, inner, rows, size, args, kwargs)
         try:
             yield
         finally:
@@ -124,7 +124,7 @@ class StaticRows:
             else:
                 model.forward = original
 
-    def _forward(self, run: Callable, inner: nn.Module, rows: int, args: tuple, kwargs: dict) -> Any:
+    def _forward(self, run: Callable, inner: nn.Module, rows: int, size: int, args: tuple, kwargs: dict) -> Any:
         if not self.enabled:
             return run(*args, **kwargs)
         labels_in = [name for name in self.label_names if kwargs.get(name) is not None]
@@ -136,14 +136,14 @@ class StaticRows:
             return run(*args, **kwargs)
         rng = torch.get_rng_state()  # so an unpadded rerun draws the same dropout masks
         try:
-            with _real_rows_loss(inner, rows, self.batch_size) as own_losses:
-                outputs = run(*pad_rows(args, rows, self.batch_size), **pad_rows(kwargs, rows, self.batch_size))
-                _check_inert(outputs, self.batch_size, own_losses)
+            with _real_rows_loss(inner, rows, size) as own_losses:
+                outputs = run(*pad_rows(args, rows, size), **pad_rows(kwargs, rows, size))
+                _check_inert(outputs, size, own_losses)
         except _NotInert as e:
             self._give_up(str(e))
             torch.set_rng_state(rng)
             return run(*args, **kwargs)
-        return cut_rows(outputs, rows, self.batch_size)
+        return cut_rows(outputs, rows, size)
 
 
 def _has_loss_function(model: nn.Module) -> bool:

@@ -19,12 +19,14 @@ import platform
 import sys
 from collections.abc import Callable, Sequence
 
+from .errors import UserError
+
 # Environment variables that change what the Habana bridge, torch or this package do: shown by `env`.
 _ENV_PREFIXES = ("PT_HPU_", "PT_ENABLE_", "HABANA_", "HCCL_", "OPTIMUM_GAUDI_", "CUDA_VISIBLE_DEVICES")
 _SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 
 
-class CommandError(Exception):
+class CommandError(UserError):
     """Something the user can fix; the message is one line."""
 
 

@@ -33,6 +33,10 @@ TRAINER_HOOKS = (
     "_clip_grad_norm",
     "log",
     "_save",
+    "train",  # the checkpoint hooks (optimum_gaudi.checkpoints)
+    "_get_output_dir",
+    "_save_checkpoint",
+    "_load_callback_state",  # run totals kept out of callback-state matching (metrics.py)
 )
 
 

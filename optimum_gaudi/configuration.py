@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .errors import UserError
 from .hub import HubUnavailableError, require_hub
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ _ALIASES = {
 }
 
 
-class GaudiConfigError(ValueError):
+class GaudiConfigError(UserError, ValueError):
     """A Gaudi config that cannot be loaded as written; the message says what to change."""
 
 
@@ -211,7 +212,20 @@ def _op_list(key: str, value: Any, base_dir: str | None) -> list[str] | None:
             path = Path(base_dir) / path
         if not path.is_file():
             raise GaudiConfigError(f"Gaudi config key '{key}' names op-list file {value}, which does not exist.")
-        lines = (line.split("#", 1)[0].strip() for line in path.read_text(encoding="utf-8").splitlines())
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            reason = "is not a UTF-8 text file" if isinstance(e, UnicodeDecodeError) else f"cannot be read ({e})"
+            raise GaudiConfigError(
+                f"Gaudi config key '{key}' names op-list file {path}, which {reason}; give a text file "
+                "with one op name per line."
+            ) from None
+        if "\0" in text:
+            raise GaudiConfigError(
+                f"Gaudi config key '{key}' names op-list file {path}, which is binary; give a text file "
+                "with one op name per line."
+            )
+        lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
         return [line for line in lines if line]
     if isinstance(value, (list, tuple)) and all(isinstance(op, str) and op.strip() for op in value):
         return [op.strip() for op in value]

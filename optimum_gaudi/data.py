@@ -10,6 +10,8 @@ under ``$OPTIMUM_GAUDI_CACHE`` (default ``~/.cache/optimum_gaudi``) so later run
 from __future__ import annotations
 
 import ast
+import codecs
+import contextlib
 import hashlib
 import json
 import logging
@@ -21,12 +23,14 @@ import sysconfig
 import tempfile
 import warnings
 from collections.abc import Callable
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
 from datasets import Dataset, DatasetDict
 from transformers import PreTrainedTokenizerFast
+
+from .errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +42,10 @@ _MIN_DOC_CHARS = 40
 # Directories of the standard library that are not prose about the library: tests, an IDE, a dead tool.
 _SKIP_DIRS = frozenset({"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "__pycache__"})
 _DOC_NODES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+class DataError(UserError, ValueError):
+    """Training or evaluation data that cannot be used as given; the message says what to change."""
 
 
 def cache_dir() -> Path:
@@ -241,7 +249,7 @@ def tokenize_and_group(
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}.")
     columns = list(next(iter(raw.values())).column_names if isinstance(raw, DatasetDict) else raw.column_names)
-    text_column = text_column or ("text" if "text" in columns else columns[0])
+    text_column = find_text_column(raw, text_column)
     tokenized = raw.map(
         _tokenize_fn(tokenizer, text_column),
         batched=True,
@@ -257,3 +265,70 @@ def tokenize_and_group(
         load_from_cache_file=load_from_cache_file,
         desc=f"Grouping into blocks of {block_size}",
     )
+
+
+# ---- checking user data ---------------------------------------------------------------------------------
+
+_SNIFF_BYTES = 64 * 1024
+_JSON_CHECK_MAX_BYTES = 64 * 1024 * 1024  # a whole JSON document is parsed up to this size
+_JSON_LINES_CHECKED = 100  # JSON Lines: the first lines are checked; load_dataset reports the rest
+
+
+def check_text_file(path: str | os.PathLike, flag: str) -> None:
+    """Raise DataError for a data file that load_dataset would choke on with a traceback: an empty file, a
+    binary one, one that is not UTF-8, and a .json/.jsonl file that is neither JSON nor JSON Lines."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(_SNIFF_BYTES)
+    except OSError as e:
+        raise DataError(f"{flag} {path}: cannot read it ({e.strerror or e}).") from None
+    if not head.strip():
+        raise DataError(f"{flag} {path} is empty{'' if size == 0 else ' (only blank lines)'}; give a file with text.")
+    if b"\0" in head:
+        raise DataError(f"{flag} {path} is a binary file, not text; give a .txt, .json, .jsonl or .csv text file.")
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) == size)
+    except UnicodeDecodeError as e:
+        raise DataError(f"{flag} {path} is not UTF-8 text (byte {e.start}); convert it to UTF-8.") from None
+    if path.suffix.lower() in (".json", ".jsonl"):
+        _check_json(path, flag, size)
+
+
+def _check_json(path: Path, flag: str, size: int) -> None:
+    """One JSON document (a list of records, or columns) or JSON Lines (one object per line; first lines only)."""
+    if size <= _JSON_CHECK_MAX_BYTES:
+        text = path.read_text(encoding="utf-8", errors="replace")  # bytes past the sniffed head: load_dataset
+        with contextlib.suppress(json.JSONDecodeError):
+            if isinstance(json.loads(text), (list, dict)):
+                return
+        lines = text.splitlines()
+    else:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            lines = list(islice(f, _JSON_LINES_CHECKED))
+    numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    for number, line in numbered[:_JSON_LINES_CHECKED]:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(
+                f"{flag} {path} is neither JSON nor JSON Lines (line {number}: {e.msg}); "
+                'give one JSON object per line, e.g. {"text": "..."}.'
+            ) from None
+        if not isinstance(record, dict):
+            raise DataError(
+                f"{flag} {path} line {number} is a JSON {type(record).__name__}, not an object; "
+                'give one JSON object per line, e.g. {"text": "..."}.'
+            )
+
+
+def find_text_column(raw: DatasetDict | Dataset, name: str | None = None, source: str = "the dataset") -> str:
+    """The column holding the text: ``name`` if given, else ``text``; raise DataError naming the columns there
+    are (no silent guess: the first column of a CSV is often an id)."""
+    columns = list(next(iter(raw.values())).column_names if isinstance(raw, DatasetDict) else raw.column_names)
+    wanted = name or "text"
+    if wanted in columns:
+        return wanted
+    hint = "pick another with --text_column_name" if name else "name the text column with --text_column_name"
+    raise DataError(f"{source} has no column '{wanted}' (its columns: {', '.join(columns) or 'none'}); {hint}.")

@@ -48,10 +48,15 @@ def make_graphed_callables(callables: Any, sample_args: tuple, device: Device | 
 
 
 def cache_module(model: nn.Module, max_graphs: int | None = None, device: Device | None = None) -> nn.Module:
-    """Training-time graph cache (Habana's ModuleCacher); the model itself where graphs do not apply."""
+    """Training-time graph cache (Habana's ModuleCacher, at most `max_graphs` shapes; None: the bridge's
+    default, 10); the model itself where graphs do not apply (CPU, CUDA, a Gaudi in eager mode)."""
     return (device or detect_device()).wrap_for_training(model, max_graphs)
 
 
-def wrap_in_graph(model: nn.Module, disable_tensor_cache: bool = False, device: Device | None = None) -> nn.Module:
-    """Inference-time graphs (Habana's wrap_in_hpu_graph); the model itself where graphs do not apply."""
-    return (device or detect_device()).wrap_for_inference(model, disable_tensor_cache)
+def wrap_in_graph(
+    model: nn.Module, disable_tensor_cache: bool = False, device: Device | None = None, max_graphs: int | None = None
+) -> nn.Module:
+    """Inference-time graphs (Habana's wrap_in_hpu_graph, in place: never on a model that still trains, whose
+    forwards would replay them; at most `max_graphs` input shapes, None: no limit); the model itself where
+    graphs do not apply."""
+    return (device or detect_device()).wrap_for_inference(model, disable_tensor_cache, max_graphs=max_graphs)

@@ -11,8 +11,10 @@ import socket
 from functools import lru_cache
 from urllib.parse import urlparse
 
+from .errors import UserError
 
-class HubUnavailableError(OSError):
+
+class HubUnavailableError(UserError, OSError):
     """The Hugging Face Hub was needed but is offline or unreachable."""
 
 

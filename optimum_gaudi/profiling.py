@@ -32,7 +32,7 @@ from transformers import TrainerCallback
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GaudiProfilerCallback", "profile", "trace_path"]
+__all__ = ["GaudiProfilerCallback", "current_activities", "profile", "trace_path"]
 
 
 @contextlib.contextmanager
@@ -46,6 +46,18 @@ def profile(name: str) -> Iterator[None]:
         return
     with torch.profiler.record_function(name):
         yield
+
+
+def current_activities(activities: Sequence[Any] | None) -> list[Any]:
+    """The activities as members of the enum torch.profiler has *now*.
+
+    Habana's bridge replaces ``torch.profiler.ProfilerActivity`` when it loads and its profiler maps members of
+    any other enum to nothing, so members bound before it loaded (an import, a default argument) would record
+    an empty trace. Members are matched by name; None means CPU.
+    """
+    current = torch.profiler.ProfilerActivity
+    names = [a.name for a in activities] if activities is not None else ["CPU"]
+    return [getattr(current, name) for name in names if hasattr(current, name)]
 
 
 def trace_path(output_dir: str | os.PathLike, rank: int) -> Path:
@@ -79,7 +91,7 @@ class GaudiProfilerCallback(TrainerCallback):
         self.with_stack = with_stack
         self.output_dir = Path(output_dir)
         self.rank = rank
-        self.activities = list(activities) if activities is not None else [ProfilerActivity.CPU]
+        self.activities = list(activities) if activities is not None else None  # None: CPU
         self.profiler: torch.profiler.profile | None = None
         self.trace_file: Path | None = None  # set once a trace has been written
         self._running: contextlib.ExitStack | None = None
@@ -149,7 +161,7 @@ class GaudiProfilerCallback(TrainerCallback):
             warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
             schedule = torch.profiler.schedule(wait=0, warmup=0, active=active, repeat=1)
         profiler = torch.profiler.profile(
-            activities=self.activities,
+            activities=current_activities(self.activities),
             schedule=schedule,
             on_trace_ready=self._export,
             record_shapes=self.record_shapes,

@@ -19,12 +19,15 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_pt_utils import find_batch_size
 
 from .batching import StaticRows
+from .checkpoints import check_weights_fit, remove_previous_checkpoints, resolve_resume, staged_checkpoint
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
+from .compilation import CompilationLog, CompileOptions, compile_regions, pin_loss_function
 from .configuration import GaudiConfig
 from .distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from .events import InternalCallbackHandler
 from .features import feature_table
 from .metrics import Throughput
+from .op_lists import config_uses_op_lists, resolve_op_lists
 from .profiling import GaudiProfilerCallback
 from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin
 
@@ -46,6 +49,7 @@ class _LoopHooks(TrainerCallback):
         self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer.gaudi_device.reset_peak_memory_stats()  # the run's peak memory, not the process's
         self.trainer._run_totals_begin()
 
     def on_optimizer_step(self, args, state, control, **kwargs):
@@ -120,6 +124,15 @@ class GaudiTrainerMixin(TrainerShims):
         self._pipelining_mark_step = self._lazy_mark_step if args.pipelining_fwd_bwd else None
         self._autocast = self._select_autocast(args)
         self._graph_wrapped: set[tuple[bool, int]] = set()
+        self._said_no_eval_graphs = False
+        self._inference_wrapped: tuple[nn.Module, Any] | None = None  # (model, its forward before the graph)
+        self._grad_clipper: tuple[int, float, Any] | None = None  # (id of the model, max_norm, clipper)
+        self.gaudi_device.set_dynamic_shapes(self.gaudi_config.use_dynamic_shapes)
+        self._compile = CompileOptions.from_args(args)
+        self._compilation_log = CompilationLog()
+        self._eager_step: int | None = None  # --compile_from_sec_iteration: the step that runs eagerly
+        if self._compile is not None:
+            self._compile.apply_limits()
 
         super().__init__(*trainer_args, **trainer_kwargs)
 
@@ -133,46 +146,107 @@ class GaudiTrainerMixin(TrainerShims):
             table = feature_table(self.gaudi_device, args, self.gaudi_config)
             flags = ", ".join(f"{k}={v}" for k, v in args.gaudi_flags().items())
             logger.warning("Gaudi features on this run:\n%s\nGaudi arguments: %s", table, flags)
+            if self.is_deepspeed_enabled:
+                self._say_what_deepspeed_replaces()
+
+    def _say_what_deepspeed_replaces(self) -> None:
+        """DeepSpeed clips the gradients itself ("gradient_clipping"), and builds the optimizer its config names;
+        the trainer's optimizer (the fused AdamW included) is used, partitioned, only when the config names none."""
+        replaced = []
+        if self.gaudi_config.use_fused_clip_norm:
+            replaced.append('use_fused_clip_norm (DeepSpeed clips by its "gradient_clipping")')
+        if self.gaudi_config.use_fused_adam and "optimizer" in self.accelerator.state.deepspeed_plugin.deepspeed_config:
+            replaced.append("use_fused_adam (the DeepSpeed config names its own optimizer)")
+        if replaced:
+            logger.warning("DeepSpeed replaces these Gaudi features on this run: %s.", "; ".join(replaced))
 
     def _select_autocast(self, args: GaudiTrainingArgumentsMixin):
-        """bf16 autocast from the Gaudi config's op lists, or from `use_torch_autocast` alone.
+        """bf16 autocast on the Gaudi config's op lists (a list left out is Habana's default list), the same
+        lists on every device.
 
-        Plain ``--bf16`` without op lists is left to accelerate, exactly as transformers.Trainer does it.
+        Plain ``--bf16`` without a config that autocasts is left to accelerate, exactly as transformers.Trainer
+        does it.
         """
         config = self.gaudi_config
-        has_lists = bool(config.autocast_bf16_ops or config.autocast_fp32_ops)
-        if not (config.use_torch_autocast or args.bf16) or (args.bf16 and not has_lists):
+        if not (config.use_torch_autocast or (args.bf16 and config_uses_op_lists(config))):
             return None
-        return args.autocast_device.autocast_factory(config.autocast_bf16_ops, config.autocast_fp32_ops)
+        bf16_ops, fp32_ops = resolve_op_lists(config.autocast_bf16_ops, config.autocast_fp32_ops)
+        return args.autocast_device.autocast_factory(bf16_ops, fp32_ops)
 
     def _select_static_rows(self, args: GaudiTrainingArguments) -> StaticRows | None:
         """Pad short batches only where the device compiles a graph per input shape."""
         if not self.gaudi_device.static_shapes(args.use_lazy_mode):  # HPU Graphs need lazy mode on a Gaudi
             return None
         label_names = sorted({*self.label_names, "labels", "label", "label_ids"})
-        return StaticRows(self._train_batch_size, label_names, labels_into_forward=not args.use_hpu_graphs_for_training)
+        return StaticRows(label_names, labels_into_forward=not args.use_hpu_graphs_for_training)
 
     def _build_accelerator_args(self, **kwargs) -> dict[str, Any]:
         accelerator_args = super()._build_accelerator_args(**kwargs)
         if self._autocast is not None:
             accelerator_args["mixed_precision"] = "no"  # our autocast replaces accelerate's fixed op lists
+        if self._compile is not None:
+            accelerator_args["dynamo_plugin"] = self._compile.dynamo_plugin()
         return accelerator_args
 
     # ---- graphs -------------------------------------------------------------------------------------
 
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
+        if self._compile is not None:
+            self._prepare_compile(self.accelerator.unwrap_model(model, keep_torch_compile=False))
         model = super()._wrap_model(model, training, dataloader)
-        if training and self._use_fast_ddp() and not isinstance(model, FastDDPModel):
-            model = self._wrap_for_fast_ddp(model)
-        # The device wrappers patch the module in place; wrap each module once across train/evaluate calls.
-        graphs = self.args.use_hpu_graphs_for_training if training else self.args.use_hpu_graphs_for_inference
-        if graphs and (training, id(model)) not in self._graph_wrapped:
-            self._graph_wrapped.add((training, id(model)))
-            if training:
+        # The bridge's graph wrappers patch the module's forward in place: wrap each module once.
+        if training:
+            self._unwrap_inference_graph(model)
+            if self.args.use_hpu_graphs_for_training and (True, id(model)) not in self._graph_wrapped:
+                self._graph_wrapped.add((True, id(model)))
+                # before fast_ddp: ModuleCacher refuses a forward(*args), and caches the model's own signature
                 model = self.gaudi_device.wrap_for_training(model, self.args.max_hpu_graphs)
+            if self._use_fast_ddp() and not isinstance(model, FastDDPModel):
+                model = self._wrap_for_fast_ddp(model)
+            return model
+        if not self.args.use_hpu_graphs_for_inference or (False, id(model)) in self._graph_wrapped:
+            return model
+        if self.is_in_train:
+            # A graph wrapper replays in every mode, so wrapping the model being trained would make the next
+            # training forwards replay an inference graph (static outputs, no gradient).
+            if not self._said_no_eval_graphs:
+                self._said_no_eval_graphs = True
+                logger.warning(
+                    "Evaluations during training run without HPU Graphs (a graph would also replay in the "
+                    "training forwards); evaluate() and predict() after training use them."
+                )
+            return model
+        self._graph_wrapped.add((False, id(model)))
+        self._inference_wrapped = (model, model.__dict__.get("forward"))
+        return self.gaudi_device.wrap_for_inference(
+            model, self.args.disable_tensor_cache_hpu_graphs, max_graphs=self.args.max_hpu_graphs
+        )
+
+    def _unwrap_inference_graph(self, model: nn.Module) -> None:
+        """Training again after evaluate(): give the model back the forward it had before its inference graph."""
+        if self._inference_wrapped is None or self._inference_wrapped[0] is not model:
+            return
+        _, forward = self._inference_wrapped
+        if forward is None:
+            model.__dict__.pop("forward", None)
+        else:
+            model.forward = forward
+        self._inference_wrapped = None
+        self._graph_wrapped.discard((False, id(model)))
+
+    def _prepare_compile(self, model: nn.Module) -> None:
+        """Once per model: pin its loss function (no graph break) and, if asked, compile its blocks."""
+        if getattr(model, "_gaudi_compile_prepared", False):
+            return
+        model._gaudi_compile_prepared = True
+        pin_loss_function(model)
+        if self._compile.regional:
+            compiled = compile_regions(model, **self._compile.compile_kwargs())
+            if compiled is None:
+                logger.warning("--use_regional_compilation: no repeated blocks in the model; compiling it whole.")
+                model.compile(**self._compile.compile_kwargs())
             else:
-                model = self.gaudi_device.wrap_for_inference(model, self.args.disable_tensor_cache_hpu_graphs)
-        return model
+                logger.info("Regional compilation: each block of %s compiled once.", compiled)
 
     def _use_fast_ddp(self) -> bool:
         return self.args.distribution_strategy == "fast_ddp" and self.args.world_size > 1
@@ -198,16 +272,27 @@ class GaudiTrainerMixin(TrainerShims):
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         rows = find_batch_size(inputs)
         self._throughput.count_batch(inputs, rows)
-        if self._static_rows is None or rows is None:
+        with contextlib.ExitStack() as stack:
+            if self._static_rows is not None and rows is not None:
+                unwrapped = self.accelerator.unwrap_model(model)
+                stack.enter_context(self._static_rows.padding(model, unwrapped, rows, self._train_batch_size))
+            if self._compile is not None:
+                stack.enter_context(self._compiled_step(inputs))
             loss = super().training_step(model, inputs, num_items_in_batch)
-        else:
-            with self._static_rows.padding(model, self.accelerator.unwrap_model(model), rows):
-                loss = super().training_step(model, inputs, num_items_in_batch)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # after backward
         if self._grad_allreduce is not None and self.accelerator.gradient_state.sync_gradients:
             self._grad_allreduce()  # before clipping, which then sees the averaged gradients
         return loss
+
+    def _compiled_step(self, inputs: dict[str, Any]) -> contextlib.ExitStack:
+        """Eager on the first iteration with --compile_from_sec_iteration; graphs built counted and logged."""
+        if self._eager_step is None:
+            self._eager_step = self.state.global_step
+        stack = contextlib.ExitStack()
+        stack.enter_context(self._compile.step_context(self.state.global_step == self._eager_step))
+        stack.enter_context(self._compilation_log.watch(inputs, self.state.global_step))
+        return stack
 
     def evaluation_loop(self, *args: Any, **kwargs: Any):
         self._throughput.eval_begin()
@@ -216,7 +301,8 @@ class GaudiTrainerMixin(TrainerShims):
     def prediction_step(
         self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys=None, **kwargs: Any
     ):
-        outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **kwargs)
+        with self._compilation_log.watch(inputs, self.state.global_step):
+            outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **kwargs)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # run the queued evaluation graph before the next batch
         self._throughput.eval_batch(find_batch_size(inputs) or 0)
@@ -245,7 +331,35 @@ class GaudiTrainerMixin(TrainerShims):
         if not self.gaudi_config.use_fused_clip_norm or self.is_deepspeed_enabled or self.is_fsdp_enabled:
             return super()._clip_grad_norm(model)
         self.accelerator.unscale_gradients()
-        return self.gaudi_device.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
+        max_norm = self.args.max_grad_norm
+        if self._grad_clipper is None or self._grad_clipper[:2] != (id(model), max_norm):
+            self._grad_clipper = (id(model), max_norm, self.gaudi_device.grad_clipper(model.parameters(), max_norm))
+        return self._grad_clipper[2]()
+
+    # ---- checkpoints --------------------------------------------------------------------------------
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+        """Resumes only from a complete checkpoint that fits the model (``True``: the newest complete one); with
+        ``overwrite_output_dir`` and no resume, first deletes the checkpoints of the previous run."""
+        checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
+        if checkpoint is not None:
+            check_weights_fit(self.model, checkpoint)
+        elif self.args.overwrite_output_dir and self.args.should_save:
+            remove_previous_checkpoints(self.args.output_dir)
+        return super().train(checkpoint, *args, **kwargs)
+
+    def _get_output_dir(self, trial: Any) -> str:
+        return getattr(self, "_staging_root", None) or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        """Written into a staging directory and renamed into place: complete or absent whenever a process dies."""
+        run_dir = super()._get_output_dir(trial)
+        with staged_checkpoint(run_dir, self.state, self.args, self.accelerator.wait_for_everyone) as staging:
+            self._staging_root = str(staging)
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                self._staging_root = None
 
     # ---- logging ------------------------------------------------------------------------------------
 
@@ -260,6 +374,7 @@ class GaudiTrainerMixin(TrainerShims):
             logs.update(self._throughput.interval(self.state.global_step, world))
             if self.is_world_process_zero():
                 logs.update(self.gaudi_device.memory_stats())
+            self._run_totals_snapshot(self.control, logged=True)
         super().log(logs, start_time)
 
     # ---- a resumed run reports the whole run ------------------------------------------------------------
@@ -273,11 +388,30 @@ class GaudiTrainerMixin(TrainerShims):
             self._total_loss_scalar = carried["loss_sum"]
             self._initial_global_step = self._run_first_step
 
-    def _run_totals_snapshot(self, control) -> None:
-        """Before a possible checkpoint: store the totals so far in the state it saves."""
+    def _load_callback_state(self) -> None:
+        """--restore_callback_states_from_checkpoint: our totals are no callback's state; keep them out of
+        transformers' matching, which would warn that a checkpoint callback is missing."""
+        carried = self.state.stateful_callbacks.pop(RUN_TOTALS_KEY, None)
+        try:
+            super()._load_callback_state()
+        finally:
+            if carried is not None:
+                self.state.stateful_callbacks[RUN_TOTALS_KEY] = carried
+
+    def _run_totals_snapshot(self, control, logged: bool = False) -> None:
+        """Before a possible checkpoint: store the totals so far in the state it saves.
+
+        Called at each step end and again from log(), which runs before the save of a logging step. The loss
+        not yet logged lives in ``_tr_loss`` from transformers 5 on; older releases keep it in a local, so
+        there the totals are exact when checkpoints fall on logging steps (as transformers' own resumed loss
+        logs need too).
+        """
         if not (control.should_save or control.should_evaluate):
             return
-        pending = nested_gather(self._tr_loss, self.args.parallel_mode).mean().item()  # not yet logged
+        tr_loss = getattr(self, "_tr_loss", None)
+        if tr_loss is None and not logged:
+            return
+        pending = 0.0 if tr_loss is None else nested_gather(tr_loss, self.args.parallel_mode).mean().item()
         self.state.stateful_callbacks[RUN_TOTALS_KEY] = {
             "first_step": self._run_first_step,
             "loss_sum": self._total_loss_scalar + pending,

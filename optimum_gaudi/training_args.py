@@ -13,20 +13,25 @@ import os
 from dataclasses import dataclass, field, fields
 
 import torch
+from torch.overrides import TorchFunctionMode
 from transformers import TrainingArguments
 
+from .compilation import check_compile_flags
 from .configuration import GaudiConfig
 from .devices import CPUDevice, Device, detect_device
-from .devices.hpu import bridge_imported, bridge_installed, export_autocast_op_lists
+from .devices.hpu import bridge_installed, prepare_bridge
+from .errors import UserError
+from .op_lists import config_uses_op_lists, resolve_op_lists
 
 logger = logging.getLogger(__name__)
 
 DISTRIBUTION_STRATEGIES = ("ddp", "fast_ddp")
 HALF_PRECISION_BACKENDS = ("auto", "hpu_amp", "cpu_amp")
 FAST_DDP_DTYPES = ("auto", "float32", "bfloat16")
+DEFAULT_MAX_HPU_GRAPHS = 10  # ModuleCacher's default in the bridge (hpu/graphs.py)
 
 
-class GaudiArgumentError(ValueError):
+class GaudiArgumentError(UserError, ValueError):
     """A Gaudi flag, or a combination of flags, that cannot work; the message says how to fix it."""
 
 
@@ -56,8 +61,13 @@ class GaudiTrainingArgumentsMixin:
     use_hpu_graphs_for_inference: bool = field(
         default=False, metadata={"help": "Wrap the model in HPU Graphs for evaluation and prediction."}
     )
-    max_hpu_graphs: int | None = field(
-        default=None, metadata={"help": "Most HPU Graphs kept per module by ModuleCacher (training)."}
+    max_hpu_graphs: int = field(
+        default=DEFAULT_MAX_HPU_GRAPHS,
+        metadata={
+            "help": "Most HPU Graphs kept per model (one per input shape), for training (ModuleCacher) and for "
+            "evaluation (wrap_in_hpu_graph); forwards of other shapes run without a graph. Default: 10, the "
+            "bridge's own ModuleCacher default."
+        },
     )
     disable_tensor_cache_hpu_graphs: bool = field(
         default=False, metadata={"help": "Do not cache graph tensors in inference HPU Graphs (saves memory)."}
@@ -90,6 +100,21 @@ class GaudiTrainingArgumentsMixin:
             "choices": list(HALF_PRECISION_BACKENDS),
         },
     )
+    use_regional_compilation: bool = field(
+        default=False,
+        metadata={
+            "help": "With --torch_compile: compile the repeated block (decoder layer) once, not the whole model."
+        },
+    )
+    compile_dynamic: bool | None = field(
+        default=None, metadata={"help": "With --torch_compile: torch.compile(dynamic=...); unset lets torch decide."}
+    )
+    compile_from_sec_iteration: bool = field(
+        default=False, metadata={"help": "With --torch_compile: run the first training iteration eagerly."}
+    )
+    cache_size_limit: int | None = field(
+        default=None, metadata={"help": "With --torch_compile: most graphs dynamo keeps per function (process-wide)."}
+    )
     profiling_warmup_steps: int = field(default=0, metadata={"help": "Steps to skip before profiling starts."})
     profiling_steps: int = field(
         default=0, metadata={"help": "Steps to profile with torch.profiler (0 disables profiling)."}
@@ -98,6 +123,10 @@ class GaudiTrainingArgumentsMixin:
         default=False, metadata={"help": "Record tensor shapes in the profiler trace."}
     )
     profiling_with_stack: bool = field(default=False, metadata={"help": "Record Python stacks in the profiler trace."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Start over in an --output_dir that holds checkpoints of another run (they are deleted)."},
+    )
 
     def __post_init__(self) -> None:
         # TrainingArguments.__post_init__ would turn torch_compile on from its mode or backend, but only after
@@ -105,6 +134,7 @@ class GaudiTrainingArgumentsMixin:
         if self.torch_compile_mode is not None or self.torch_compile_backend is not None:
             self.torch_compile = True
         self._validate_gaudi_flags()
+        _check_standard_flags(self)
         self.gaudi_config = GaudiConfig.from_pretrained(self.gaudi_config_name) if self.gaudi_config_name else None
         self._set_bridge_environment()
         self.gaudi_device: Device = detect_device(use_habana=self.use_habana, use_cpu=self.use_cpu)
@@ -119,6 +149,7 @@ class GaudiTrainingArgumentsMixin:
         if self.torch_compile and self.torch_compile_backend is None:
             self.torch_compile_backend = self.gaudi_device.compile_backend
         super().__post_init__()
+        self._check_deepspeed_config()
         if self.non_blocking_data_copy:
             self.accelerator_config.non_blocking = True
 
@@ -154,8 +185,8 @@ class GaudiTrainingArgumentsMixin:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 fail(f"--{name} must be a whole number >= 0, got {value!r}.")
-        if self.max_hpu_graphs is not None and self.max_hpu_graphs < 1:
-            fail(f"--max_hpu_graphs must be >= 1 (or unset for no limit), got {self.max_hpu_graphs}.")
+        if not isinstance(self.max_hpu_graphs, int) or self.max_hpu_graphs < 1:
+            fail(f"--max_hpu_graphs must be >= 1 (default {DEFAULT_MAX_HPU_GRAPHS}), got {self.max_hpu_graphs!r}.")
         if self.distribution_strategy == "fast_ddp" and (self.deepspeed or self.fsdp):
             engine = "--deepspeed" if self.deepspeed else "--fsdp"
             fail(
@@ -175,18 +206,54 @@ class GaudiTrainingArgumentsMixin:
             fail(f"{compiling} cannot be combined with HPU Graphs; choose compilation or --use_hpu_graphs_for_*.")
         if self.torch_compile and self.use_lazy_mode:
             fail(f"{compiling} needs eager mode; drop --use_lazy_mode when compiling.")
+        if self.cache_size_limit is not None and self.cache_size_limit < 1:
+            fail(f"--cache_size_limit must be >= 1 (or unset for torch's default), got {self.cache_size_limit}.")
+        check_compile_flags(self)
         if self.half_precision_backend != "auto" and not self.bf16:
             logger.warning(
                 "--half_precision_backend %s has no effect without --bf16 or a Gaudi config with use_torch_autocast.",
                 self.half_precision_backend,
             )
-        if self.max_hpu_graphs is not None and not self.use_hpu_graphs_for_training:
-            logger.warning("--max_hpu_graphs is ignored without --use_hpu_graphs_for_training.")
+        graphs = self.use_hpu_graphs_for_training or self.use_hpu_graphs_for_inference
+        if self.max_hpu_graphs != DEFAULT_MAX_HPU_GRAPHS and not graphs:
+            logger.warning("--max_hpu_graphs is ignored without --use_hpu_graphs_for_training/inference.")
         if self.disable_tensor_cache_hpu_graphs and not self.use_hpu_graphs_for_inference:
             logger.warning("--disable_tensor_cache_hpu_graphs is ignored without --use_hpu_graphs_for_inference.")
         for flag in ("profiling_record_shapes", "profiling_with_stack"):
             if getattr(self, flag) and self.profiling_steps == 0:
                 logger.warning("--%s is ignored while --profiling_steps is 0.", flag)
+
+    def _check_deepspeed_config(self) -> None:
+        """transformers reports a DeepSpeed config value that disagrees with the arguments (e.g. "bf16": {"enabled":
+        true} without --bf16) only once training starts, after the model is loaded: say it now, in one line."""
+        ds_config = getattr(self, "hf_deepspeed_config", None)
+        if ds_config is None:
+            return
+        if ds_config.mismatches:
+            found = "; ".join(m.lstrip("- ") for m in ds_config.mismatches)
+            source = self.deepspeed if isinstance(self.deepspeed, str) else "config"
+            raise GaudiArgumentError(
+                f"--deepspeed {source} disagrees with the training arguments ({found}); set those values to "
+                '"auto" in the config or pass matching arguments (the bundled configs train in bf16: add --bf16).'
+            )
+        self._keep_torch_linear_under_zero3(ds_config.config.get("zero_optimization") or {})
+
+    def _keep_torch_linear_under_zero3(self, zero: dict) -> None:
+        """ZeRO-3 swaps F.linear for its own function, whose backward re-enters torch.autocast and nothing else. The
+        op-list autocast of devices whose torch.autocast cannot follow the lists is a TorchFunctionMode: that
+        backward would mix bf16 and float32, so ZeRO-3 keeps torch's linear ("memory_efficient_linear": false)."""
+        config = self.gaudi_config
+        if zero.get("stage") != 3 or config is None or not (config.autocast_bf16_ops or config.autocast_fp32_ops):
+            return
+        autocast = self.autocast_device.autocast_factory(config.autocast_bf16_ops, config.autocast_fp32_ops)()
+        if not isinstance(autocast, TorchFunctionMode):
+            return
+        if zero.get("memory_efficient_linear"):
+            raise GaudiArgumentError(
+                '--deepspeed: "memory_efficient_linear": true (ZeRO-3) cannot run with the Gaudi config\'s autocast op '
+                f"lists on {self.autocast_device.type}; remove that key or set it to false."
+            )
+        zero["memory_efficient_linear"] = False
 
     def _compile_flags(self) -> str:
         """The flags that turn compilation on, as the user wrote them."""
@@ -195,16 +262,18 @@ class GaudiTrainingArgumentsMixin:
         return f"{' '.join(given)} (which turns on --torch_compile)" if given else "--torch_compile"
 
     def _set_bridge_environment(self) -> None:
-        """PT_HPU_LAZY_MODE and the autocast op-list files are read once, when habana_frameworks is imported."""
-        if self.gaudi_config is not None and bridge_installed():
-            export_autocast_op_lists(self.gaudi_config.autocast_bf16_ops, self.gaudi_config.autocast_fp32_ops)
-        wanted = "1" if self.use_lazy_mode else "0"
-        if bridge_imported() and os.environ.get("PT_HPU_LAZY_MODE", wanted) != wanted:
-            raise GaudiArgumentError(
-                "habana_frameworks was imported before GaudiTrainingArguments with a different PT_HPU_LAZY_MODE; "
-                f"set PT_HPU_LAZY_MODE={wanted} in the environment or build the arguments before importing it."
-            )
-        os.environ["PT_HPU_LAZY_MODE"] = wanted
+        """Lazy mode and the autocast op lists reach the bridge: set before it loads, or checked against the
+        loaded bridge's own answer (Gaudi software 1.21+ loads it during `import torch`)."""
+        if not bridge_installed():
+            os.environ["PT_HPU_LAZY_MODE"] = "1" if self.use_lazy_mode else "0"  # for a bridge Python finds later
+            return
+        config = self.gaudi_config
+        op_lists = None
+        if config is not None and config_uses_op_lists(config):
+            op_lists = resolve_op_lists(config.autocast_bf16_ops, config.autocast_fp32_ops)
+        problem = prepare_bridge(self.use_lazy_mode, op_lists)
+        if problem is not None:
+            raise GaudiArgumentError(problem)
 
     def _validate_for_device(self, device: Device) -> None:
         graphs = self.use_hpu_graphs_for_training or self.use_hpu_graphs_for_inference
@@ -217,3 +286,54 @@ class GaudiTrainingArgumentsMixin:
 @dataclass
 class GaudiTrainingArguments(GaudiTrainingArgumentsMixin, TrainingArguments):
     """TrainingArguments with Habana Gaudi options: GaudiTrainingArgumentsMixin + TrainingArguments."""
+
+
+# Package to install for each --report_to integration transformers offers.
+_REPORT_TO_PACKAGES = {
+    "tensorboard": "pip install 'optimum-gaudi[tensorboard]' (or: pip install tensorboard)",
+    "azure_ml": "pip install azureml-core",
+    "flyte": "pip install flytekit",
+}
+
+
+# (flag, lowest valid value, first invalid value above it or None): transformers passes these to torch unchecked.
+_NUMERIC_RANGES = (
+    ("learning_rate", 0, None),
+    ("weight_decay", 0, None),
+    ("adam_beta1", 0, 1),
+    ("adam_beta2", 0, 1),
+    ("adam_epsilon", 0, None),
+    ("dataloader_num_workers", 0, None),
+)
+
+
+def _check_standard_flags(args: TrainingArguments) -> None:
+    """transformers' own flags that it rejects late (a traceback from inside the data loader or a callback)."""
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        value = getattr(args, name)
+        if not isinstance(value, int) or value < 1:
+            raise GaudiArgumentError(f"--{name} must be a whole number >= 1, got {value!r}.")
+    for name, low, high in _NUMERIC_RANGES:
+        value = getattr(args, name)
+        if value is not None and not (low <= value and (high is None or value < high)):
+            bounds = f">= {low}" if high is None else f"in [{low}, {high})"
+            raise GaudiArgumentError(f"--{name} must be {bounds}, got {value}.")
+    if args.do_train and args.max_steps <= 0 and args.num_train_epochs <= 0:
+        raise GaudiArgumentError("nothing to train: give --max_steps > 0 or --num_train_epochs > 0.")
+    requested = [args.report_to] if isinstance(args.report_to, str) else list(args.report_to or [])
+    requested = [name.strip() for name in requested if name.strip() not in ("all", "none")]
+    if not requested:
+        return
+    from transformers.integrations import get_available_reporting_integrations
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    installed = set(get_available_reporting_integrations())
+    for name in requested:
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise GaudiArgumentError(
+                f"--report_to {name} is not an integration transformers knows; use one of "
+                f"{', '.join(sorted(INTEGRATION_TO_CALLBACK))}, 'all' or 'none'."
+            )
+        if name not in installed:
+            install = _REPORT_TO_PACKAGES.get(name, f"pip install {name}")
+            raise GaudiArgumentError(f"--report_to {name} needs {name}, which is not installed: {install}.")

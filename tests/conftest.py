@@ -37,24 +37,42 @@ def tiny_gpt2():
 
 
 FAKES = str(Path(__file__).parent / "fakes")
+GAUDI_SOFTWARE = ("1.19", "1.21")  # the simulator's two generations: lazy default / eager default + autoload
 
 
 def _unload_bridge():
+    simulator = sys.modules.get("habana_frameworks")
+    if getattr(simulator, "SIMULATED", False):
+        simulator.unload()  # also restores what importing it patched in torch (the profiler enum)
     for name in [m for m in sys.modules if m == "habana_frameworks" or m.startswith("habana_frameworks.")]:
         del sys.modules[name]
 
 
 @pytest.fixture
-def bridge(monkeypatch):
+def gaudi_software(request, monkeypatch):
+    """The simulated Gaudi software generation (1.21 unless a test parametrizes it indirectly)."""
+    version = getattr(request, "param", "1.21")
+    monkeypatch.setenv("FAKE_HPU_SOFTWARE", version)
+    return version
+
+
+@pytest.fixture
+def bridge(monkeypatch, gaudi_software):
     """The simulated Habana bridge (tests/fakes, a test double), importable but not yet imported, and the
-    environment as a new process has it. Returns a getter for the imported simulator's call log."""
-    for var in [v for v in os.environ if v.startswith("PT_HPU")]:
+    environment as a new process has it. Returns a getter for the imported simulator's call log.
+
+    Importing the simulator changes the environment as the bridge does (MASTER_ADDR, ...): the whole
+    environment is restored afterwards."""
+    saved = dict(os.environ)
+    for var in [v for v in os.environ if v.startswith(("PT_HPU", "HLS_MODULE_ID"))]:
         monkeypatch.delenv(var)
     monkeypatch.delenv("OPTIMUM_GAUDI_REQUIRE_HPU", raising=False)
     monkeypatch.syspath_prepend(FAKES)
     _unload_bridge()
     yield lambda: sys.modules["habana_frameworks"]
     _unload_bridge()
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.fixture(autouse=True)

@@ -166,6 +166,20 @@ def test_a_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, tiny_gpt2,
     assert all(k.endswith(("_per_second", "_runtime", " (GB)")) or "_throughput_" in k for k in measured)
 
 
+def test_restoring_callback_states_sees_only_callbacks(tmp_path, tiny_gpt2, tiny_lm_data, monkeypatch):
+    import transformers.trainer
+
+    warnings = []
+    resume_run(tmp_path / "whole", tiny_gpt2, tiny_lm_data, max_steps=4)
+    monkeypatch.setattr(transformers.trainer.logger, "warning", lambda msg, *a, **k: warnings.append(str(msg)))
+    trainer, output = resume_run(
+        tmp_path / "resumed", tiny_gpt2, tiny_lm_data, str(tmp_path / "whole" / "checkpoint-2"),
+        max_steps=4, restore_callback_states_from_checkpoint=True,
+    )  # fmt: skip
+    assert not [w for w in warnings if "callbacks not included" in w]
+    assert output.metrics["train_throughput_steps"] == 4  # the totals still came through
+
+
 def test_resuming_a_checkpoint_written_by_trainer_still_works(tmp_path, tiny_gpt2, tiny_lm_data):
     args = TrainingArguments(
         output_dir=str(tmp_path / "plain"), max_steps=4, save_steps=2, **{**COMMON, "save_strategy": "steps"}

@@ -74,7 +74,7 @@ def test_saved_model_fine_tunes_from_its_directory(env, tmp_path):
 def test_user_errors_are_one_fast_line(env, tmp_path, argv, message):
     start = time.monotonic()
     result = run_clm(env, *argv, "--output_dir", str(tmp_path), timeout=60)
-    assert result.returncode == 1
+    assert result.returncode == 2  # optimum_gaudi.errors.EXIT_USER_ERROR
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and message in last, result.stderr[-2000:]
     assert "Traceback" not in result.stderr

@@ -5,6 +5,7 @@ import torch
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
+    GenerationConfig,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     T5Config,
@@ -73,7 +74,8 @@ class PadCollator:
 
 def exact_match(prediction):
     predictions, labels = prediction.predictions, prediction.label_ids
-    return {"exact_match": float((predictions[:, : labels.shape[1]] == labels).all(axis=1).mean())}
+    width = min(predictions.shape[1], labels.shape[1])
+    return {"exact_match": float((predictions[:, :width] == labels[:, :width]).all(axis=1).mean())}
 
 
 COMMON = dict(
@@ -171,3 +173,14 @@ def test_hpu_generation_uses_graphs_and_static_shapes_on_the_simulator(name, bri
     assert len(graph_forwards) > len(seen)  # every decoding step went through the graph-wrapped forward
     assert seen and all(shape[1] % STATIC_INPUT_MULTIPLE == 0 and cache == "static" for shape, cache in seen)
     assert (hpu_pred.predictions == cpu_pred.predictions).all()
+
+
+def test_generation_config_argument_sets_the_models(tmp_path):
+    config = GenerationConfig(max_length=5, num_beams=1, decoder_start_token_id=0, eos_token_id=1, pad_token_id=0)
+    overrides = {"generation_config": config, "generation_max_length": None}
+    args = GaudiSeq2SeqTrainingArguments(output_dir=str(tmp_path), **{**COMMON, **overrides})
+    trainer = GaudiSeq2SeqTrainer(model=tiny_t5(), args=args, data_collator=PadCollator(0), compute_metrics=exact_match)
+    assert trainer.model.generation_config.max_length == 5
+    prediction = trainer.predict(reversal_data(4))
+    # generated up to the configured length, not COMMON's 12 nor the default 20 (releases before 5.3 pad one more)
+    assert prediction.predictions.shape[1] in (5, 6)

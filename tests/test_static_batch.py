@@ -14,7 +14,7 @@ from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadMo
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.batching import StaticRows, cut_rows, pad_rows
-from optimum_gaudi.devices import HPUDevice
+from optimum_gaudi.devices import CPUDevice, CUDADevice, HPUDevice
 
 SAMPLES, BATCH, LENGTH = 66, 8, 8  # 8 full batches and a last one of 2 rows
 UNPADDED = "run unpadded"
@@ -29,6 +29,19 @@ class OwnLossTrainer(GaudiTrainer):
         return (loss, outputs) if return_outputs else loss
 
 
+class PlainRegressor(nn.Module):
+    """A user's own model, no transformers loss machinery: MSE on a float label inside its forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte, self.head = nn.Embedding(100, 16), nn.Linear(16, 1)
+
+    def forward(self, input_ids, labels=None):
+        prediction = self.head(self.wte(input_ids).mean(dim=1)).squeeze(-1)
+        loss = None if labels is None else nn.functional.mse_loss(prediction, labels)
+        return {"loss": loss, "logits": prediction}
+
+
 def config(**overrides):
     base = dict(vocab_size=100, n_layer=1, n_embd=32, n_head=2, n_positions=LENGTH, pad_token_id=0)
     # dropout off: a padded batch draws masks of another shape, so equality could only hold in distribution
@@ -38,7 +51,7 @@ def config(**overrides):
 def data(task):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, 100, (SAMPLES, LENGTH), generator=g)
-    if task in ("regression", "own_compute_loss"):
+    if task in ("regression", "own_compute_loss", "plain_regression"):
         labels = (torch.randn(SAMPLES, generator=g) * 0.5).tolist()
     elif task == "classification":
         labels = torch.randint(0, 3, (SAMPLES,), generator=g).tolist()
@@ -49,6 +62,8 @@ def data(task):
 
 def model(task):
     torch.manual_seed(0)
+    if task == "plain_regression":
+        return PlainRegressor()
     if task in ("regression", "own_compute_loss"):
         return GPT2ForSequenceClassification(config(num_labels=1))
     if task == "classification":
@@ -58,6 +73,7 @@ def model(task):
 
 TASKS = {
     "regression": ({}, GaudiTrainer),
+    "plain_regression": ({}, GaudiTrainer),
     "classification": ({}, GaudiTrainer),
     "own_compute_loss": ({}, OwnLossTrainer),
     "label_smoothing": ({"label_smoothing_factor": 0.1}, GaudiTrainer),
@@ -73,12 +89,18 @@ def train(task, tmp_path, **kwargs):
     args = GaudiTrainingArguments(output_dir=str(tmp_path), **settings)
     net = model(task)
     rows = []
-    net.transformer.wte.register_forward_pre_hook(lambda module, inputs: rows.append(inputs[0].size(0)))
+    embedding = net.transformer.wte if hasattr(net, "transformer") else net.wte
+    embedding.register_forward_pre_hook(lambda module, inputs: rows.append(inputs[0].size(0)))
     trainer = trainer_cls(model=net, args=args, train_dataset=data(task))
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h]
     weights = {k: v.detach().clone() for k, v in net.state_dict().items()}
     return trainer, [h["loss"] for h in logs], [h["grad_norm"] for h in logs], weights, rows
+
+
+def test_only_a_lazy_mode_gaudi_asks_for_static_shapes():
+    assert HPUDevice().static_shapes(lazy_mode=True) and not HPUDevice().static_shapes(lazy_mode=False)
+    assert not any(device.static_shapes(lazy_mode=True) for device in (CPUDevice(), CUDADevice()))
 
 
 def cpu_reference(task, tmp_path, **kwargs):
@@ -104,6 +126,7 @@ def test_lazy_mode_on_cpu_pads_nothing_and_changes_nothing(task, tmp_path):
 # only shows after a padded forward: that forward is thrown away and the batch rerun unpadded.
 LAST_ROWS_LAZY = {
     "regression": [8, 2],
+    "plain_regression": [2],  # labels go into a forward without loss_function: never padded
     "classification": [8, 2],
     "own_compute_loss": [8],
     "label_smoothing": [8],
@@ -172,8 +195,8 @@ def test_a_loss_computed_over_the_padding_is_caught_and_rerun_unpadded(caplog):
     torch.manual_seed(0)
     net, x, y = InlineLoss(), torch.randn(2, 3), torch.randn(2)
     expected = net(x, y)["loss"]
-    static = StaticRows(batch_size=8, label_names=["labels"], labels_into_forward=True)
-    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"), static.padding(net, net, rows=2):
+    static = StaticRows(label_names=["labels"], labels_into_forward=True)
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"), static.padding(net, net, rows=2, size=8):
         got = net(x, y)["loss"]
     assert torch.equal(got, expected)
     assert not static.enabled and UNPADDED in caplog.text
@@ -184,8 +207,8 @@ def test_batch_norm_models_are_never_padded(caplog):
     net = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
     seen = []
     net.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0].size(0)))
-    static = StaticRows(batch_size=8, label_names=["labels"], labels_into_forward=True)
-    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"), static.padding(net, net, rows=2):
+    static = StaticRows(label_names=["labels"], labels_into_forward=True)
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"), static.padding(net, net, rows=2, size=8):
         net(torch.randn(2, 3))
     assert seen == [2] and "batch-norm" in caplog.text
 

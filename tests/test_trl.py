@@ -154,3 +154,12 @@ def test_importing_without_trl_names_the_extra():
     assert result.stderr.strip().splitlines()[-1] == (
         "ImportError: optimum_gaudi.trl needs TRL: pip install optimum-gaudi[trl]"
     )
+
+
+def test_trl_configs_parse_gaudi_and_trl_flags_from_the_command_line(tmp_path):
+    from transformers import HfArgumentParser
+
+    argv = ["--output_dir", str(tmp_path), "--max_length", "32", "--throughput_warmup_steps", "2", "--use_habana"]
+    (config,) = HfArgumentParser(GaudiSFTConfig).parse_args_into_dataclasses(argv + ["--bf16", "false"])
+    assert config.max_length == 32 and config.throughput_warmup_steps == 2 and config.use_habana
+    assert config.gaudi_device.type == "cpu"  # no Gaudi here: falls back, as GaudiTrainingArguments does

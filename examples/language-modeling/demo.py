@@ -19,6 +19,9 @@ from types import ModuleType
 
 import torch
 
+from optimum_gaudi.checkpoints import check_output_dir
+from optimum_gaudi.errors import run_main
+
 # Picked by measurement on 2 CPU cores: within a ~75 s training budget, a 2x128 model taking more steps ends with a
 # lower evaluation loss (perplexity ~200) than a 4x256 one taking fewer.
 MODEL = {"n_layer": 2, "n_embd": 128, "n_head": 4}
@@ -87,12 +90,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if "OMP_NUM_THREADS" not in os.environ:  # one thread per usable core; more only adds contention
         torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     run_clm = _load_run_clm()
-    try:
-        model_args, data_args, training_args = run_clm.parse_args(_run_clm_args(opts))
-        run_clm.setup_logging(training_args)
-        trainer = run_clm.build_trainer(model_args, data_args, training_args)
-    except run_clm.USER_ERRORS as e:
-        raise SystemExit(f"error: {e}") from None
+    model_args, data_args, training_args = run_clm.parse_args(_run_clm_args(opts))
+    run_clm.setup_logging(training_args)
+    check_output_dir(training_args)
+    trainer = run_clm.build_trainer(model_args, data_args, training_args)
 
     before = run_clm.evaluate_perplexity(trainer)
     metrics = run_clm.train_and_evaluate(trainer)  # trains, saves, evaluates again
@@ -134,4 +135,4 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)  # a user error: one `error: ...` line, exit status 2

@@ -9,7 +9,10 @@ embedded default corpus and tokenizer (optimum_gaudi.data), so it works offline 
         --config_overrides n_layer=2,n_embd=128,n_head=4 --do_train --do_eval \
         --use_habana --use_lazy_mode --gaudi_config_name Habana/gpt2 --bf16 --max_steps 20 --output_dir /tmp/clm
 
-A single argument ending in .json is read as a file holding all the arguments.
+A single argument ending in .json is read as a file holding all the arguments. A mistake in the command line or
+the data ends the run with one `error: ...` line and exit status 2 (optimum_gaudi.errors), leaving --output_dir as
+it was; an --output_dir holding another run's checkpoints is refused unless --resume_from_checkpoint true or
+--overwrite_output_dir says what to do with them.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ import difflib
 import json
 import logging
 import math
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,10 +45,17 @@ from transformers import (
 )
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from optimum_gaudi import GaudiConfigError, GaudiTrainer, GaudiTrainingArguments
-from optimum_gaudi.data import default_datasets, default_tokenizer, tokenize_and_group
-from optimum_gaudi.devices import NoGaudiError
-from optimum_gaudi.hub import HubUnavailableError, require_hub
+from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
+from optimum_gaudi.checkpoints import OutputDirGuard, check_output_dir, disk_full_is_user_error, resume_arg
+from optimum_gaudi.data import (
+    check_text_file,
+    default_datasets,
+    default_tokenizer,
+    find_text_column,
+    tokenize_and_group,
+)
+from optimum_gaudi.errors import UserError, one_line, quiet_argparse_errors, run_main
+from optimum_gaudi.hub import require_hub
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +64,8 @@ DEFAULT_CORPUS_BLOCK_SIZE = 128  # the embedded corpus is small: short blocks gi
 _FILE_BUILDERS = {"txt": "text", "json": "json", "jsonl": "json", "csv": "csv"}
 
 
-class UsageError(ValueError):
+class UsageError(UserError, ValueError):
     """Something in the command line that cannot work; reported as one line, without a traceback."""
-
-
-# Errors caused by what the user asked for: reported as `error: ...`, exit status 1.
-USER_ERRORS = (UsageError, GaudiConfigError, HubUnavailableError, NoGaudiError)
 
 
 @dataclass
@@ -128,6 +133,10 @@ class DataTrainingArguments:
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
     overwrite_cache: bool = field(default=False, metadata={"help": "Recompute the cached tokenized datasets."})
     keep_linebreaks: bool = field(default=True, metadata={"help": "Keep line breaks in .txt files."})
+    text_column_name: str | None = field(
+        default=None,
+        metadata={"help": "Column holding the text in .csv/.json/.jsonl files or a dataset (default: text)."},
+    )
 
     def __post_init__(self) -> None:
         if self.validation_file and not self.train_file:
@@ -140,13 +149,21 @@ class DataTrainingArguments:
             if _extension(path) not in _FILE_BUILDERS:
                 raise UsageError(f"{flag} {path}: unsupported extension; use one of .{', .'.join(_FILE_BUILDERS)}.")
             if not Path(path).is_file():
-                raise UsageError(f"{flag} {path} does not exist.")
+                what = "is a directory, not a file" if Path(path).is_dir() else "does not exist"
+                raise UsageError(f"{flag} {path} {what}.")
+            check_text_file(path, flag)
         if not 0 <= self.validation_split_percentage < 100:
             raise UsageError(
                 f"--validation_split_percentage must be in [0, 100), got {self.validation_split_percentage}."
             )
         if self.block_size is not None and self.block_size < 1:
             raise UsageError(f"--block_size must be >= 1, got {self.block_size}.")
+        for flag, value in (
+            ("--max_train_samples", self.max_train_samples),
+            ("--max_eval_samples", self.max_eval_samples),
+        ):
+            if value is not None and value < 1:
+                raise UsageError(f"{flag} must be >= 1 (or unset for all), got {value}.")
 
     @property
     def uses_default_corpus(self) -> bool:
@@ -160,11 +177,36 @@ def _extension(path: str) -> str:
 def parse_args(argv: list[str] | None = None, groups: tuple[type, ...] | None = None) -> tuple[Any, ...]:
     """Parse the command line (or one .json file holding every argument) into the argument groups (by
     default this script's three; the other examples pass their own)."""
-    parser = HfArgumentParser(groups or (ModelArguments, DataTrainingArguments, GaudiTrainingArguments))
+    parser = quiet_argparse_errors(
+        HfArgumentParser(groups or (ModelArguments, DataTrainingArguments, GaudiTrainingArguments))
+    )
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
-    return parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    try:
+        if len(argv) == 1 and argv[0].endswith(".json"):
+            return _parse_json_arguments(parser, argv[0])
+        return parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    except UserError:
+        raise
+    except (ValueError, TypeError) as e:  # the argument dataclasses validate in __post_init__
+        raise UsageError(one_line(str(e))) from None
+
+
+def _parse_json_arguments(parser: HfArgumentParser, path: str) -> tuple[Any, ...]:
+    try:
+        arguments = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise UsageError(f"cannot read the arguments file {path}: {e.strerror or e}.") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"the arguments file {path} is not JSON: {one_line(str(e))}.") from None
+    if not isinstance(arguments, dict):
+        raise UsageError(f"the arguments file {path} must hold one JSON object of argument names and values.")
+    known = {f.dest for f in parser._actions}
+    unknown = sorted(set(arguments) - known)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else "."
+        raise UsageError(f"the arguments file {path} has unknown argument '{unknown[0]}'{hint}")
+    return parser.parse_dict(arguments)
 
 
 # ---- loading -------------------------------------------------------------------------------------------
@@ -207,6 +249,12 @@ def _hub_kwargs(model_args: ModelArguments) -> dict[str, Any]:
 def _with_validation_split(raw: DatasetDict, percentage: int, seed: int) -> DatasetDict:
     if "validation" in raw or percentage == 0:
         return raw
+    texts = len(raw["train"])
+    if texts * (1 - percentage / 100) < 1:  # train_test_split would leave no training text
+        raise UsageError(
+            f"the training data has {texts} text(s), too few to hold out {percentage}% for validation; "
+            "give more text, a --validation_file, or --validation_split_percentage 0 without --do_eval."
+        )
     split = raw["train"].train_test_split(test_size=percentage / 100, seed=seed)
     return DatasetDict(train=split["train"], validation=split["test"])
 
@@ -235,9 +283,17 @@ def load_raw_datasets(data_args: DataTrainingArguments, model_args: ModelArgumen
             raise UsageError("--train_file and --validation_file must be the same kind of file (text, json or csv).")
         builder = kinds.pop()
         extra = {"keep_linebreaks": data_args.keep_linebreaks} if builder == "text" else {}
-        raw = load_dataset(builder, data_files=files, cache_dir=model_args.cache_dir, **extra)
+        try:
+            raw = load_dataset(builder, data_files=files, cache_dir=model_args.cache_dir, **extra)
+        except Exception as e:  # datasets wraps the parser's error; the innermost one says what is wrong
+            cause = e
+            while cause.__cause__ is not None or cause.__context__ is not None:
+                cause = cause.__cause__ or cause.__context__
+            reason = one_line(str(cause) or type(cause).__name__)[:300]
+            raise UsageError(f"cannot read {', '.join(files.values())} as {builder}: {reason}") from None
     if "train" not in raw:
         raise UsageError(f"the dataset has no 'train' split (it has: {', '.join(raw)}).")
+    find_text_column(raw, data_args.text_column_name, data_args.train_file or data_args.dataset_name)
     return _with_validation_split(raw, data_args.validation_split_percentage, seed)
 
 
@@ -385,6 +441,8 @@ def build_trainer(
     set_seed(training_args.seed)  # before the model is built: a new model's weights depend on it
     raw = load_raw_datasets(data_args, model_args, training_args.seed)
     logger.info("Texts: %s", {split: len(texts) for split, texts in raw.items()})
+    source = data_args.train_file or data_args.dataset_name or "the embedded corpus"
+    text_column = find_text_column(raw, data_args.text_column_name, source)
     if training_args.do_eval and "validation" not in raw:
         raise UsageError("--do_eval needs validation data: --validation_file or --validation_split_percentage > 0.")
     tokenizer = load_tokenizer(model_args)
@@ -400,6 +458,7 @@ def build_trainer(
             raw,
             tokenizer,
             block_size,
+            text_column=text_column,
             num_proc=data_args.preprocessing_num_workers,
             load_from_cache_file=not data_args.overwrite_cache,
         )
@@ -436,20 +495,14 @@ def evaluate_perplexity(trainer: GaudiTrainer, prefix: str = "eval") -> dict[str
     return metrics
 
 
-def _resume_arg(value: str | None) -> str | bool | None:
-    """`--resume_from_checkpoint true` (or `last`) resumes from the newest checkpoint in --output_dir."""
-    if value is not None and value.strip().lower() in {"true", "last"}:
-        return True
-    return value
-
-
 def train_and_evaluate(trainer: GaudiTrainer) -> dict[str, float]:
     """Train and/or evaluate as the arguments ask; save model, tokenizer, Gaudi config, metrics and state."""
     args = trainer.args
     metrics: dict[str, float] = {}
     if args.do_train:
-        result = trainer.train(resume_from_checkpoint=_resume_arg(args.resume_from_checkpoint))
-        trainer.save_model()  # also the tokenizer and gaudi_config.json
+        result = trainer.train(resume_from_checkpoint=resume_arg(args.resume_from_checkpoint))
+        with disk_full_is_user_error(args.output_dir, "the trained model"):
+            trainer.save_model()  # also the tokenizer and gaudi_config.json
         train_metrics = {**result.metrics, "train_samples": len(trainer.train_dataset)}
         trainer.log_metrics("train", train_metrics)
         trainer.save_metrics("train", train_metrics)
@@ -478,18 +531,15 @@ def setup_logging(training_args: GaudiTrainingArguments) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    try:
-        # Argument dataclasses validate in __post_init__: any ValueError there is a command-line mistake.
-        try:
-            model_args, data_args, training_args = parse_args(argv)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        setup_logging(training_args)
+    """Parse, check, build, train and evaluate; raises UserError (one line) for anything the user can fix."""
+    model_args, data_args, training_args = parse_args(argv)
+    setup_logging(training_args)
+    check_output_dir(training_args)
+    with OutputDirGuard(training_args.output_dir, enabled=training_args.should_save) as guard:
         trainer = build_trainer(model_args, data_args, training_args)
-    except USER_ERRORS as e:
-        raise SystemExit(f"error: {e}") from None
-    return train_and_evaluate(trainer)
+        trainer.add_callback(guard)
+        return train_and_evaluate(trainer)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

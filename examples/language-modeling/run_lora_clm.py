@@ -26,6 +26,7 @@ from run_clm import UsageError
 from transformers import PreTrainedModel
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
+from optimum_gaudi.errors import run_main
 
 logger = logging.getLogger(__name__)
 
@@ -101,19 +102,13 @@ def merge_and_save(trainer: GaudiTrainer, output_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    try:
-        try:
-            model_args, data_args, training_args, lora_args = run_clm.parse_args(
-                argv, (run_clm.ModelArguments, run_clm.DataTrainingArguments, GaudiTrainingArguments, LoraArguments)
-            )
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        run_clm.setup_logging(training_args)
-        logger.setLevel(run_clm.logger.level)
-        default_base_model(model_args)
-        trainer = run_clm.build_trainer(model_args, data_args, training_args, wrap_model=add_adapters(lora_args))
-    except run_clm.USER_ERRORS as e:
-        raise SystemExit(f"error: {e}") from None
+    model_args, data_args, training_args, lora_args = run_clm.parse_args(
+        argv, (run_clm.ModelArguments, run_clm.DataTrainingArguments, GaudiTrainingArguments, LoraArguments)
+    )
+    run_clm.setup_logging(training_args)
+    logger.setLevel(run_clm.logger.level)
+    default_base_model(model_args)
+    trainer = run_clm.build_trainer(model_args, data_args, training_args, wrap_model=add_adapters(lora_args))
     metrics = run_clm.train_and_evaluate(trainer)  # saves the adapter, tokenizer and gaudi_config.json
     if lora_args.merge_lora and training_args.should_save:
         merged = merge_and_save(trainer, Path(training_args.output_dir) / "merged")
@@ -122,4 +117,4 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

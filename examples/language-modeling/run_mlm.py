@@ -34,6 +34,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_N
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.data import tokenize_and_group
+from optimum_gaudi.errors import run_main
 from optimum_gaudi.tasks import default_mlm_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -192,20 +193,14 @@ def build_trainer(
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    try:
-        try:
-            model_args, data_args, training_args = run_clm.parse_args(
-                argv, (ModelArguments, DataTrainingArguments, GaudiTrainingArguments)
-            )
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        run_clm.setup_logging(training_args)
-        logger.setLevel(run_clm.logger.level)
-        trainer = build_trainer(model_args, data_args, training_args)
-    except run_clm.USER_ERRORS as e:
-        raise SystemExit(f"error: {e}") from None
+    model_args, data_args, training_args = run_clm.parse_args(
+        argv, (ModelArguments, DataTrainingArguments, GaudiTrainingArguments)
+    )
+    run_clm.setup_logging(training_args)
+    logger.setLevel(run_clm.logger.level)
+    trainer = build_trainer(model_args, data_args, training_args)
     return run_clm.train_and_evaluate(trainer)  # saves model, tokenizer, gaudi_config.json; perplexity
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -30,6 +30,8 @@ import run_clm  # noqa: E402  (argument groups, loaders and one-line errors shar
 from run_clm import UsageError  # noqa: E402
 
 from optimum_gaudi import GaudiSeq2SeqTrainer, GaudiSeq2SeqTrainingArguments  # noqa: E402
+from optimum_gaudi.checkpoints import resume_arg  # noqa: E402
+from optimum_gaudi.errors import run_main  # noqa: E402
 from optimum_gaudi.rouge import rouge  # noqa: E402
 from optimum_gaudi.tasks import docstring_summary_datasets  # noqa: E402
 
@@ -245,7 +247,7 @@ def train_and_evaluate(trainer: GaudiSeq2SeqTrainer) -> dict[str, float]:
     args = trainer.args
     metrics: dict[str, float] = {}
     if args.do_train:
-        result = trainer.train(resume_from_checkpoint=run_clm._resume_arg(args.resume_from_checkpoint))
+        result = trainer.train(resume_from_checkpoint=resume_arg(args.resume_from_checkpoint))
         trainer.save_model()
         train_metrics = {**result.metrics, "train_samples": len(trainer.train_dataset)}
         trainer.log_metrics("train", train_metrics)
@@ -261,20 +263,14 @@ def train_and_evaluate(trainer: GaudiSeq2SeqTrainer) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    try:
-        try:
-            model_args, data_args, training_args = run_clm.parse_args(
-                argv, (ModelArguments, DataTrainingArguments, GaudiSeq2SeqTrainingArguments)
-            )
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        run_clm.setup_logging(training_args)
-        logger.setLevel(run_clm.logger.level)
-        trainer = build_trainer(model_args, data_args, training_args)
-    except run_clm.USER_ERRORS as e:
-        raise SystemExit(f"error: {e}") from None
+    model_args, data_args, training_args = run_clm.parse_args(
+        argv, (ModelArguments, DataTrainingArguments, GaudiSeq2SeqTrainingArguments)
+    )
+    run_clm.setup_logging(training_args)
+    logger.setLevel(run_clm.logger.level)
+    trainer = build_trainer(model_args, data_args, training_args)
     return train_and_evaluate(trainer)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

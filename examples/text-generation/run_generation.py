@@ -32,6 +32,7 @@ import run_clm  # noqa: E402  (loaders and one-line errors shared by the example
 from run_clm import UsageError  # noqa: E402
 
 from optimum_gaudi import GaudiTrainingArguments  # noqa: E402
+from optimum_gaudi.errors import quiet_argparse_errors, run_main  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -201,16 +202,9 @@ def run(args: GenerationArguments) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     logging.basicConfig(format="%(levelname)s - %(name)s - %(message)s", level=logging.WARNING)
-    try:
-        try:
-            (args,) = HfArgumentParser(GenerationArguments).parse_args_into_dataclasses(
-                args=sys.argv[1:] if argv is None else argv, look_for_args_file=False
-            )
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        results = run(args)
-    except run_clm.USER_ERRORS as e:
-        raise SystemExit(f"error: {e}") from None
+    parser = quiet_argparse_errors(HfArgumentParser(GenerationArguments))
+    (args,) = parser.parse_args_into_dataclasses(args=sys.argv[1:] if argv is None else argv, look_for_args_file=False)
+    results = run(args)
     mode = "beam search" if args.num_beams > 1 else "sampling" if args.do_sample else "greedy"
     print(f"device: {results['device']}, {mode}, batch {args.batch_size}, static shapes: {args.static_shapes}")
     print(
@@ -229,4 +223,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -11,10 +11,11 @@ import os
 
 import torch
 
+from ..errors import UserError
 from .base import FEATURES, Device
 from .cpu import CPUDevice
 from .cuda import CUDADevice
-from .hpu import HPUDevice, hpu_available
+from .hpu import HPUDevice, hpu_available, unavailable_reason
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +24,7 @@ REQUIRE_HPU_ENV = "OPTIMUM_GAUDI_REQUIRE_HPU"
 __all__ = ["FEATURES", "CPUDevice", "CUDADevice", "Device", "HPUDevice", "NoGaudiError", "detect_device"]
 
 
-class NoGaudiError(RuntimeError):
+class NoGaudiError(UserError, RuntimeError):
     """A Gaudi was required (OPTIMUM_GAUDI_REQUIRE_HPU=1) but none is usable here."""
 
 
@@ -42,8 +43,9 @@ def detect_device(use_habana: bool = False, use_cpu: bool = False) -> Device:
     device: Device = CUDADevice() if not use_cpu and torch.cuda.is_available() else CPUDevice()
     if use_habana or _require_hpu():
         if _require_hpu():
+            why = unavailable_reason() or "habana_frameworks missing or no HPU visible"
             raise NoGaudiError(
-                f"{REQUIRE_HPU_ENV}=1 but no Gaudi is usable here (habana_frameworks missing or no HPU visible); "
+                f"{REQUIRE_HPU_ENV}=1 but no Gaudi is usable here ({why}); "
                 f"run on a Gaudi machine or unset {REQUIRE_HPU_ENV} to fall back to {device.type}."
             )
         logger.warning("--use_habana was given but no Gaudi is available: running on %s instead.", device.type)

@@ -38,8 +38,18 @@ class Device:
     def register_ddp_backend(self) -> None:
         """Make `ddp_backend` known to torch.distributed before the process group starts."""
 
+    def is_lazy(self) -> bool:
+        """Whether the device runs in lazy mode (ops queued until mark_step); only a Gaudi can."""
+        return False
+
     def mark_step(self) -> None:
         """Flush the queued lazy graph; only a lazy-mode device has anything to do."""
+
+    def set_dynamic_shapes(self, enabled: bool) -> None:
+        """Switch the device's dynamic-shape support where it has a switch (a Gaudi does)."""
+
+    def reset_peak_memory_stats(self) -> None:
+        """Start the peak-memory count afresh (at train start), where the device can."""
 
     def fused_adamw(self) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
         """The optimizer class (and extra kwargs) of the fastest AdamW on this device."""
@@ -49,6 +59,11 @@ class Device:
         """Fused/foreach gradient clipping; returns the total norm before clipping, like torch's."""
         return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, foreach=True)
 
+    def grad_clipper(self, parameters: Iterable[torch.nn.Parameter], max_norm: float) -> Callable[[], torch.Tensor]:
+        """A clipper built once for these parameters: each call clips their gradients and returns the norm."""
+        params = list(parameters)
+        return lambda: self.clip_grad_norm_(params, max_norm)
+
     def autocast_factory(
         self, bf16_ops: list[str] | None = None, fp32_ops: list[str] | None = None
     ) -> Callable[[], contextlib.AbstractContextManager]:
@@ -57,14 +72,17 @@ class Device:
         if bf16_ops or fp32_ops:
             from ..precision import OpListAutocast
 
-            return lambda: OpListAutocast(bf16_ops, fp32_ops)
+            autocast = OpListAutocast(bf16_ops, fp32_ops, device_type=self.type)  # re-entrant: built once
+            return lambda: autocast
         return lambda: torch.autocast(device_type=self.type, dtype=torch.bfloat16)
 
     def wrap_for_training(self, model: torch.nn.Module, max_graphs: int | None) -> torch.nn.Module:
         """Graph-cache the training forward where the device can; elsewhere the model as it is."""
         return model
 
-    def wrap_for_inference(self, model: torch.nn.Module, disable_tensor_cache: bool) -> torch.nn.Module:
+    def wrap_for_inference(
+        self, model: torch.nn.Module, disable_tensor_cache: bool, max_graphs: int | None = None
+    ) -> torch.nn.Module:
         """Replay the evaluation forward as a graph where the device can; elsewhere the model as it is."""
         return model
 

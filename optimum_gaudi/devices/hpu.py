@@ -1,26 +1,40 @@
 """Intel Gaudi (HPU) through Habana's PyTorch bridge.
 
-This is the only module that imports ``habana_frameworks``, and only inside functions: the bridge reads
-PT_HPU_* environment variables (lazy mode, autocast op lists) once, when first imported, so nothing may
-import it before the training arguments have set them.
+This is the only module that imports ``habana_frameworks``, and only inside functions. The bridge reads
+PT_HPU_* variables (lazy mode, autocast op lists) once, when it loads, and from Gaudi software 1.21 it loads
+during ``import torch`` (a ``torch.backends`` entry point) unless PT_HPU_LAZY_MODE=1. So the environment is
+set here when the bridge has not loaded yet; once it has, the bridge itself is asked which mode and which
+lists it runs with, and a difference is reported with the variables to set before Python starts.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import importlib.util
+import logging
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..op_lists import (
+    BF16_LIST_ENV,
+    FP32_LIST_ENV,
+    HABANA_DEFAULT_BF16_OPS,
+    HABANA_DEFAULT_FP32_OPS,
+    op_list_environment,
+)
 from .base import GB, Device
+
+logger = logging.getLogger(__name__)
+
+LAZY_ENV = "PT_HPU_LAZY_MODE"
+_LAUNCH_HINT = "run the script through `optimum-gaudi launch SCRIPT ARGS` (also for one process), which sets it"
+_unavailable_reason: str | None = None
 
 
 def bridge_installed() -> bool:
@@ -31,55 +45,91 @@ def bridge_imported() -> bool:
     return "habana_frameworks.torch" in sys.modules
 
 
-BF16_LIST_ENV = "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"
-FP32_LIST_ENV = "PT_HPU_AUTOCAST_FP32_OPS_LIST"
+def bridge_is_lazy() -> bool | None:
+    """The loaded bridge's own answer (decided once when it loaded), or None when it has not loaded."""
+    if not bridge_imported():
+        return None
+    return bool(importlib.import_module("habana_frameworks.torch.utils.internal").is_lazy())
 
 
-def export_autocast_op_lists(bf16_ops: list[str] | None, fp32_ops: list[str] | None) -> None:
-    """Write the op lists to files and name them in the environment, where the bridge looks at import.
+def loaded_op_lists() -> tuple[set[str], set[str]]:
+    """The (bf16, fp32) op sets the loaded bridge autocasts with: each variable's file as it reads it (one op
+    per line), else Habana's default list (``hpu_ops/autocast_helpers.h``)."""
 
-    Files are named by content so repeated runs reuse them instead of piling up in the temp directory.
-    """
-    wanted = {}
-    for env, ops in ((BF16_LIST_ENV, bf16_ops), (FP32_LIST_ENV, fp32_ops)):
-        if ops:
-            text = "\n".join(ops) + "\n"
-            path = (
-                Path(tempfile.gettempdir())
-                / "optimum-gaudi-op-lists"
-                / f"{hashlib.sha1(text.encode()).hexdigest()[:16]}.txt"
-            )
-            if not path.is_file():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(text)
-                os.replace(tmp, path)
-            wanted[env] = str(path)
-    if bridge_imported() and any(os.environ.get(env) != value for env, value in wanted.items()):
-        raise RuntimeError(
-            "habana_frameworks was imported before the Gaudi config's autocast op lists were set; build "
-            "GaudiTrainingArguments (or set PT_HPU_AUTOCAST_*_OPS_LIST) before importing habana_frameworks."
-        )
-    os.environ.update(wanted)
-
-
-def _exported_lists() -> tuple[list[str], list[str]]:
-    def read(env: str) -> list[str]:
+    def read(env: str, default: tuple[str, ...]) -> set[str]:
         path = os.environ.get(env)
-        return Path(path).read_text().split() if path and Path(path).is_file() else []
+        try:
+            return set(Path(path).read_text().splitlines()) if path else set(default)
+        except OSError:
+            return set(default)
 
-    return read(BF16_LIST_ENV), read(FP32_LIST_ENV)
+    return read(BF16_LIST_ENV, HABANA_DEFAULT_BF16_OPS), read(FP32_LIST_ENV, HABANA_DEFAULT_FP32_OPS)
+
+
+def prepare_bridge(lazy: bool, op_lists: tuple[list[str], list[str]] | None) -> str | None:
+    """Give the bridge the lazy mode and the (resolved) op lists a run asks for.
+
+    Before the bridge loads this sets its variables. After, it asks the bridge: a different mode is returned
+    as a one-line message for the caller to raise (the run cannot work as asked); different op lists are one
+    warning naming the exact variables to set, and the run goes on with the bridge's lists.
+    """
+    wanted = {LAZY_ENV: "1" if lazy else "0"}
+    if op_lists is not None:
+        wanted.update(op_list_environment(*op_lists))
+    loaded_lazy = bridge_is_lazy()
+    if loaded_lazy is None:
+        os.environ.update(wanted)
+        return None
+    if loaded_lazy != lazy:
+        if lazy:
+            return (
+                "habana_frameworks is already loaded in eager mode (Gaudi software 1.21+ loads it during "
+                f"`import torch` unless {LAZY_ENV}=1), so --use_lazy_mode cannot take effect: start Python with "
+                f"{LAZY_ENV}=1 (`{LAZY_ENV}=1 python SCRIPT ...`, or {_LAUNCH_HINT}), or drop --use_lazy_mode."
+            )
+        return (
+            f"habana_frameworks is already loaded in lazy mode ({LAZY_ENV} unset or 1 when it was imported) but "
+            f"--use_lazy_mode is not set: add --use_lazy_mode, or start Python with {LAZY_ENV}=0 (or {_LAUNCH_HINT})."
+        )
+    if op_lists is not None and loaded_op_lists() != (set(op_lists[0]), set(op_lists[1])):
+        exports = " ".join(f"{env}={wanted[env]}" for env in (BF16_LIST_ENV, FP32_LIST_ENV))
+        logger.warning(
+            "habana_frameworks loaded its autocast op lists before the Gaudi config was read (during `import torch` "
+            "on Gaudi software 1.21+), so this run autocasts with the bridge's lists, not the config's; to use the "
+            "config's, %s, or start Python with %s, or with PT_HPU_AUTOLOAD=0.",
+            _LAUNCH_HINT,
+            exports,
+        )
+    return None
 
 
 def hpu_available() -> bool:
-    """True when the bridge imports and sees at least one Gaudi."""
+    """True when the bridge loads and sees at least one Gaudi. A bridge that cannot load (built for another
+    torch: it asserts the version at import) is said in one line and counts as no Gaudi."""
+    global _unavailable_reason
     if not bridge_installed():
         return False
     try:
         hthpu = importlib.import_module("habana_frameworks.torch.hpu")
     except ImportError:
         return False
+    except AssertionError as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else "an assertion failed while it loaded"
+        if reason != _unavailable_reason:
+            logger.warning(
+                "habana_frameworks cannot load: %s Install the Gaudi software's own torch build (the one its "
+                "habana-torch-plugin was built for) or the plugin matching torch %s.",
+                reason,
+                torch.__version__,
+            )
+        _unavailable_reason = reason
+        return False
     return bool(hthpu.is_available())
+
+
+def unavailable_reason() -> str | None:
+    """Why the installed bridge could not load, if it could not (for error messages)."""
+    return _unavailable_reason
 
 
 class HPUDevice(Device):
@@ -91,11 +141,11 @@ class HPUDevice(Device):
         "use_habana": "Gaudi device hpu",
         "use_lazy_mode": "PT_HPU_LAZY_MODE=1, mark_step() after backward and optimizer step",
         "pipelining_fwd_bwd": "extra mark_step() after forward",
-        "use_hpu_graphs_for_training": "ModuleCacher(max_graphs=...)",
-        "use_hpu_graphs_for_inference": "wrap_in_hpu_graph(disable_tensor_cache=...)",
+        "use_hpu_graphs_for_training": "ModuleCacher(max_graphs=...) (lazy mode)",
+        "use_hpu_graphs_for_inference": "wrap_in_hpu_graph(max_graphs=...) (lazy mode; not during training)",
         "use_fused_adam": "hpex.optimizers.FusedAdamW",
-        "use_fused_clip_norm": "hpex.normalization.FusedClipNorm",
-        "use_torch_autocast": "torch.autocast('hpu', bfloat16) with PT_HPU_AUTOCAST_* op lists",
+        "use_fused_clip_norm": "hpex.normalization.FusedClipNorm, built once",
+        "use_torch_autocast": "torch.autocast('hpu', bfloat16) with the PT_HPU_AUTOCAST_* op lists",
         "distribution_strategy": "hccl process group",
         "torch_compile": "hpu_backend",
     }
@@ -106,64 +156,95 @@ class HPUDevice(Device):
     def count(self) -> int:
         return int(importlib.import_module("habana_frameworks.torch.hpu").device_count())
 
+    def is_lazy(self) -> bool:
+        """The bridge's own answer, decided once when it loaded (``utils/internal.py``)."""
+        importlib.import_module("habana_frameworks.torch")
+        return bool(bridge_is_lazy())
+
     def register_ddp_backend(self) -> None:
         importlib.import_module("habana_frameworks.torch.distributed.hccl")  # registers the 'hccl' backend
 
     def mark_step(self) -> None:
         importlib.import_module("habana_frameworks.torch.core").mark_step()
 
+    def set_dynamic_shapes(self, enabled: bool) -> None:
+        hthpu = importlib.import_module("habana_frameworks.torch.hpu")
+        (hthpu.enable_dynamic_shape if enabled else hthpu.disable_dynamic_shape)()
+
+    def reset_peak_memory_stats(self) -> None:
+        importlib.import_module("habana_frameworks.torch.hpu").reset_peak_memory_stats()
+
     def fused_adamw(self) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
         from habana_frameworks.torch.hpex.optimizers import FusedAdamW
 
         return FusedAdamW, {}
 
-    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    def grad_clipper(self, parameters: Iterable[torch.nn.Parameter], max_norm: float) -> Callable[[], torch.Tensor]:
+        """One FusedClipNorm (it copies max_norm to the device when built) for these parameters; each call
+        clips and returns the pre-clip norm as a scalar tensor, as torch's clip_grad_norm_ does."""
         from habana_frameworks.torch.hpex.normalization import FusedClipNorm
 
-        params = [p for p in parameters if p.grad is not None]
-        return FusedClipNorm(params, max_norm).clip_norm(params)
+        params = [p for p in parameters if p.requires_grad]
+        clipper = FusedClipNorm(params, max_norm)
+        return lambda: clipper.clip_norm(params).reshape(())
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+        return self.grad_clipper(parameters, max_norm)()
 
     def autocast_factory(
         self, bf16_ops: list[str] | None = None, fp32_ops: list[str] | None = None
     ) -> Callable[[], contextlib.AbstractContextManager]:
-        """torch.autocast('hpu'); the bridge took the op lists from the environment when it loaded."""
-        if (bf16_ops or fp32_ops) and _exported_lists() != (bf16_ops or [], fp32_ops or []):
-            raise RuntimeError(
-                "The Gaudi config's autocast op lists did not reach habana_frameworks before it was imported; "
-                "pass the config as --gaudi_config_name (GaudiTrainingArguments sets them up before the import)."
-            )
+        """torch.autocast('hpu'): the bridge took its op lists from the environment when it loaded (set by the
+        training arguments or the launcher; a mismatch was reported then)."""
         return lambda: torch.autocast(device_type="hpu", dtype=torch.bfloat16)
 
-    def wrap_for_training(self, model: torch.nn.Module, max_graphs: int | None) -> torch.nn.Module:
-        from habana_frameworks.torch.hpu import ModuleCacher
+    # ---- graphs: the bridge exports its graph API in lazy mode only (hpu/__init__.py) ------------------------
 
-        cacher = ModuleCacher() if max_graphs is None else ModuleCacher(max_graphs=max_graphs)
+    def _graphs_or_warn(self, what: str) -> Any | None:
+        if self.is_lazy():
+            return importlib.import_module("habana_frameworks.torch.hpu")
+        _warn_once(
+            f"HPU Graphs ({what}) are a lazy-mode feature of the bridge, which runs in eager mode here: running "
+            f"without graphs. Start with {LAZY_ENV}=1 (and --use_lazy_mode) for graphs, or use torch.compile."
+        )
+        return None
+
+    def wrap_for_training(self, model: torch.nn.Module, max_graphs: int | None) -> torch.nn.Module:
+        hthpu = self._graphs_or_warn("ModuleCacher")
+        if hthpu is None:
+            return model
+        cacher = hthpu.ModuleCacher() if max_graphs is None else hthpu.ModuleCacher(max_graphs=max_graphs)
         return cacher(model=model, inplace=True)
 
-    def wrap_for_inference(self, model: torch.nn.Module, disable_tensor_cache: bool) -> torch.nn.Module:
-        from habana_frameworks.torch.hpu import wrap_in_hpu_graph
-
-        return wrap_in_hpu_graph(model, disable_tensor_cache=disable_tensor_cache)
+    def wrap_for_inference(
+        self, model: torch.nn.Module, disable_tensor_cache: bool, max_graphs: int | None = None
+    ) -> torch.nn.Module:
+        hthpu = self._graphs_or_warn("wrap_in_hpu_graph")
+        if hthpu is None:
+            return model
+        return hthpu.wrap_in_hpu_graph(model, disable_tensor_cache=disable_tensor_cache, max_graphs=max_graphs)
 
     def static_shapes(self, lazy_mode: bool) -> bool:
         """Lazy mode compiles (and HPU Graphs capture) one graph per input shape."""
         return lazy_mode
 
     def capture_graph(self, fn: Callable[..., Any], static_inputs: tuple) -> tuple[Any, Callable[[], None]]:
-        from habana_frameworks.torch.hpu import HPUGraph, graph
-
-        hpu_graph = HPUGraph()
-        with graph(hpu_graph):
+        hthpu = self._graphs_or_warn("HPUGraph")
+        if hthpu is None:
+            return super().capture_graph(fn, static_inputs)
+        hpu_graph = hthpu.HPUGraph()
+        with hthpu.graph(hpu_graph):
             outputs = fn(*static_inputs)
         return outputs, hpu_graph.replay
 
     def make_graphed_callables(self, callables: Any, sample_args: tuple) -> Any:
-        from habana_frameworks.torch.hpu import make_graphed_callables
-
-        return make_graphed_callables(callables, sample_args)
+        hthpu = self._graphs_or_warn("make_graphed_callables")
+        if hthpu is None:
+            return callables
+        return hthpu.make_graphed_callables(callables, sample_args)
 
     def profiler_activities(self) -> list[torch.profiler.ProfilerActivity]:
-        """HPU activity where this torch build knows it (Habana's builds do)."""
+        """HPU activity where this torch knows it (the bridge swaps in an enum that has it when it loads)."""
         activity = torch.profiler.ProfilerActivity
         return [activity.CPU, activity.HPU] if hasattr(activity, "HPU") else [activity.CPU]
 
@@ -178,3 +259,12 @@ class HPUDevice(Device):
             "max_memory_allocated (GB)": round(stats.get("MaxInUse", 0) / GB, 3),
             "total_memory_available (GB)": round(stats.get("Limit", 0) / GB, 2),
         }
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message)

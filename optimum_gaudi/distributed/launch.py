@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import errno
 import importlib.util
 import os
 import re
@@ -55,6 +56,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
+
+from ..errors import UserError
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's and DeepSpeed's default, used when the nodes must agree on one
 STOP_GRACE_SECONDS = 45.0  # after passing on SIGINT/SIGTERM: torchrun gives its workers 30 s, then SIGKILL
@@ -82,7 +85,7 @@ MPI_WORKER = (
 )
 
 
-class LaunchError(ValueError):
+class LaunchError(UserError, ValueError):
     """Settings that cannot make a job; the message is one line saying what to change."""
 
 
@@ -194,6 +197,19 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def check_port_free(port: int) -> None:
+    """Node 0's rendezvous listens on ``port``: fail before starting anything when something already does."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the rendezvous store: TIME_WAIT is no clash
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            what = "is already in use on this machine" if e.errno == errno.EADDRINUSE else f"cannot be used ({e})"
+            _fail(
+                f"port {port} {what}; choose another --master_port (or MASTER_PORT), or leave both unset for a free one"
+            )
 
 
 def _deepspeed_executable(environ: Mapping[str, str]) -> str:
@@ -327,6 +343,7 @@ def build_command(plan: LaunchPlan, python: str | None = None, environ: Mapping[
 
 # ---- running ------------------------------------------------------------------------------------------------
 
+_PORT_IN_USE = re.compile(r"address already in use|EADDRINUSE|errno: 98\b", re.I)
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):(?P<body>.*?)(?:={20,}|\Z)", re.S)
 _TORCHRUN_RANK = re.compile(r"\brank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _TORCHRUN_EXITCODE = re.compile(r"\bexitcode\s*:\s*(-?\d+)")
@@ -346,7 +363,9 @@ def _how(exitcode: int) -> str:
 
 def describe_failure(plan: LaunchPlan, output: str, returncode: int) -> str:
     """One line naming the rank that failed first, read from the launcher's report at the end of ``output``."""
-    where = f"node {plan.node_rank}" if plan.per_node else "one of the nodes"
+    where = f"node {plan.node_rank}" if plan.per_node or plan.nnodes == 1 else "one of the nodes"
+    if _PORT_IN_USE.search(output):  # taken between our check and the rendezvous, or on node 0 of several
+        return f"port {plan.master_port} on {plan.master_addr} is already in use; choose another --master_port"
     if plan.backend == "torchrun":
         roots = list(_ROOT_CAUSE.finditer(output))
         if roots:
@@ -563,9 +582,16 @@ def run(plan: LaunchPlan, command: Sequence[str], env: Mapping[str, str] | None 
 
 def launch(args: argparse.Namespace) -> int:
     """``optimum-gaudi launch``: raise LaunchError for settings that cannot work, else run the job."""
+    from ..op_lists import launch_environment
+
     plan = resolve(args)
     command = build_command(plan)
+    bridge_env = launch_environment(plan.script_args)  # read by the Gaudi bridge when it loads, before our code
     if args.dry_run:
-        print(shlex.join(command))
+        print(shlex.join([*(f"{k}={v}" for k, v in bridge_env.items()), *command]))
         return 0
-    return run(plan, command)
+    if plan.nnodes == 1 or (plan.node_rank == 0 and plan.per_node):  # node 0 runs here: the port must be free
+        check_port_free(plan.master_port)
+    if bridge_env:
+        print(f"optimum-gaudi launch: {' '.join(f'{k}={v}' for k, v in bridge_env.items())}", file=sys.stderr)
+    return run(plan, command, {**os.environ, **bridge_env})

@@ -1,28 +1,38 @@
 """TEST DOUBLE: a simulator of Habana's PyTorch bridge, for this project's tests only.
 
-This is NOT Habana's software and it does not drive a Gaudi. It copies the module paths, names and
-signatures of the slice of ``habana_frameworks.torch`` that optimum_gaudi calls, runs everything on CPU
-tensors, and records every call so tests can check what the HPU code path did and in which order.
+This is NOT Habana's software and it does not drive a Gaudi. It has the module paths, names and
+signatures of the slice of ``habana_frameworks.torch`` that optimum_gaudi calls, models the bridge's
+behaviour (what loads when, what is lazy-only, what a replayed graph returns, what importing changes in
+torch and in the environment), runs everything on CPU tensors, and records every call so tests can
+check what the HPU code path did and in which order. Each modelled behaviour names, in a comment, the
+file of ``HabanaAI/gaudi-pytorch-bridge`` (``python_packages/habana_frameworks/...``) it follows.
 
-Tests put ``tests/fakes`` on ``sys.path``; then ``import habana_frameworks.torch`` loads this package.
+Two generations of Gaudi software, chosen by ``FAKE_HPU_SOFTWARE`` (read when a module needs it):
 
-Inspection API (only in the fake):
+- ``1.19`` (up to 1.20): lazy mode unless PT_HPU_LAZY_MODE=0; the bridge loads when imported, and
+  during ``import torch`` only if PT_HPU_LAZY_MODE=0 or PT_HPU_AUTOLOAD=1.
+- ``1.21`` (1.21 and later, the default): eager mode unless PT_HPU_LAZY_MODE=1; the bridge loads
+  during ``import torch`` (a ``torch.backends`` entry point) unless PT_HPU_LAZY_MODE=1 or PT_HPU_AUTOLOAD=0.
 
-- ``calls``: list of :class:`Call` records, in call order.
-- ``names()``: the recorded names, e.g. ``["import", "hpu.is_available", "core.mark_step", ...]``.
-- ``calls_named(name)``: the records with that name.
-- ``env_at_import``: the PT_HPU_* (and related) environment variables as they were when
-  ``habana_frameworks.torch`` was imported, which is when the real bridge reads them. ``None`` before that.
-- ``reset()``: empty the log (``env_at_import`` is kept: it describes the import, not the log).
-- ``unload()``: drop ``habana_frameworks.torch*`` from ``sys.modules`` so a test can import it again under
-  another environment.
+The entry point is real: ``tests/fakes/habana_frameworks_simulator-1.0.dist-info`` declares it, so a
+process started with ``tests/fakes`` on PYTHONPATH autoloads this simulator as torch would the bridge.
+
+Inspection API (only in the simulator):
+
+- ``calls``: list of :class:`Call` records, in call order; ``names()``, ``calls_named(name, **kwargs)``.
+- ``env_at_import``: the PT_HPU_* (and related) variables when ``habana_frameworks.torch`` was imported,
+  which is when the real bridge reads them. ``None`` before that.
+- ``autocast_lists``: the (bf16, fp32) op sets the loaded bridge autocasts with (read once at import).
+- ``FAKE_HPU_CALL_LOG=PATH``: a process that loads the simulator writes that (JSON) to ``PATH.RANK`` at exit.
+- ``reset()``: empty the log. ``unload()``: forget the import (modules, torch patches) so a test can
+  import it again under another environment.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,8 +41,21 @@ import torch as _torch
 
 SIMULATED = True  # lets a test tell this double from the real bridge
 
-ENV_PREFIXES = ("PT_HPU", "HABANA", "FAKE_HPU")  # PT_HPU also covers PT_HPUGRAPH_*
-ENV_NAMES = ("LOWER_LIST", "FP32_LIST")  # older names of the autocast op-list variables
+GENERATION_ENV = "FAKE_HPU_SOFTWARE"
+GENERATIONS = ("1.19", "1.21")
+ENV_PREFIXES = ("PT_HPU", "HABANA", "FAKE_HPU", "HLS_MODULE_ID")  # PT_HPU also covers PT_HPUGRAPH_*
+
+
+def generation() -> str:
+    """The simulated Gaudi software generation: '1.19' (lazy default) or '1.21' (eager default, autoload)."""
+    value = os.environ.get(GENERATION_ENV, "1.21")
+    if value not in GENERATIONS:
+        raise ValueError(f"{GENERATION_ENV} must be one of {GENERATIONS}, got {value!r}")
+    return value
+
+
+def lazy_by_default() -> bool:
+    return generation() == "1.19"
 
 
 @dataclass
@@ -48,6 +71,8 @@ class Call:
 
 calls: list[Call] = []
 env_at_import: dict[str, str] | None = None
+autocast_lists: tuple[frozenset[str], frozenset[str]] | None = None  # (bf16, fp32) the loaded plugin uses
+_undo: list[Callable[[], None]] = []  # restores what importing the simulator changed in torch
 
 
 def summarize(value: Any) -> Any:
@@ -83,8 +108,9 @@ def names() -> list[str]:
     return [c.name for c in calls]
 
 
-def calls_named(name: str) -> list[Call]:
-    return [c for c in calls if c.name == name]
+def calls_named(name: str, **match: Any) -> list[Call]:
+    """The records with that name (and those keyword values, e.g. ``mode="replay"``)."""
+    return [c for c in calls if c.name == name and all(c.kwargs.get(k) == v for k, v in match.items())]
 
 
 def reset() -> None:
@@ -92,17 +118,42 @@ def reset() -> None:
 
 
 def snapshot_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+    return {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
 
 
-def is_lazy() -> bool:
-    """Same rule as the bridge: lazy mode unless PT_HPU_LAZY_MODE is "0"."""
-    return os.environ.get("PT_HPU_LAZY_MODE", "1") != "0"
+def dump_log_at_exit() -> None:
+    """With FAKE_HPU_CALL_LOG=PATH, write the call names, env_at_import and autocast lists to PATH.RANK
+    (JSON) when the process exits: how a test reads what the simulator saw in a subprocess."""
+    path = os.environ.get("FAKE_HPU_CALL_LOG")
+    if not path:
+        return
+    import atexit
+    import json
+
+    def dump() -> None:
+        lists = None if autocast_lists is None else [sorted(autocast_lists[0]), sorted(autocast_lists[1])]
+        data = {"names": names(), "env_at_import": env_at_import, "autocast_lists": lists}
+        with open(f"{path}.{os.environ.get('RANK', '0')}", "w") as f:
+            json.dump(data, f)
+
+    atexit.register(dump)
+
+
+def on_unload(undo: Callable[[], None]) -> None:
+    """Register how to take back a change the import made to torch (run by ``unload``)."""
+    _undo.append(undo)
 
 
 def unload() -> None:
+    """Forget the import: drop ``habana_frameworks.torch*`` modules and restore what they patched in torch."""
     global env_at_import
+    while _undo:
+        _undo.pop()()
     for name in [m for m in sys.modules if m == "habana_frameworks.torch" or m.startswith("habana_frameworks.torch.")]:
         del sys.modules[name]
     globals().pop("torch", None)
     env_at_import = None
+    globals()["autocast_lists"] = None
+    autoload = sys.modules.get("habana_frameworks.autoload")
+    if autoload is not None:
+        autoload.is_loaded = False

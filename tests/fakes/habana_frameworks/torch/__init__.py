@@ -1,21 +1,49 @@
 """TEST DOUBLE of ``habana_frameworks.torch`` (see the ``habana_frameworks`` package docstring).
 
-Like the real bridge, importing this package is the moment the PT_HPU_* environment is read, and it
-imports ``core``, ``hpu`` and ``distributed.hccl`` (the last one registers the 'hccl' backend).
+As ``python_packages/habana_frameworks/torch/__init__.py`` does, importing it:
+
+- marks the backend loaded for the autoload entry point (``habana_frameworks.autoload.is_loaded``);
+- asserts that the running torch has the major.minor version the bridge was built for (here
+  FAKE_HPU_BUILT_FOR_TORCH, default: the running torch's) and, in lazy mode, that it is Habana's torch
+  fork (FAKE_HPU_STOCK_TORCH=1 simulates a stock torch);
+- reads the PT_HPU_* environment once (lazy mode: ``utils/internal.py``; autocast op lists:
+  ``_autocast_lists``, exposed as ``habana_frameworks.autocast_lists``);
+- replaces torch.profiler's activity enum (``activity_profiler``), registers the 'hccl' backend and
+  sets distributed variables (``distributed/hccl``), imports ``core`` and ``hpu``.
 
 Unlike the real bridge it does NOT register ``torch.hpu`` as a device module: transformers switches to
 device 'hpu' as soon as ``torch.hpu.is_available()`` is true, and torch here has no 'hpu' device.
 """
 
+import os
+
+import torch as _torch
+
 import habana_frameworks as _hf
+import habana_frameworks.autoload
+
+habana_frameworks.autoload.is_loaded = True
+
+from .utils.internal import is_lazy  # noqa: E402
+
+_built_for = os.environ.get("FAKE_HPU_BUILT_FOR_TORCH") or ".".join(_torch.__version__.split(".")[:2])
+_running = ".".join(_torch.__version__.split("+")[0].split(".")[:2])
+assert _running == _built_for, (
+    f"Error: Compile-time major/minor PyTorch version {_built_for} differs from run-time {_torch.__version__}."
+)
+if is_lazy():
+    assert os.environ.get("FAKE_HPU_STOCK_TORCH") != "1", (
+        f"Stock PyTorch version {_torch.__version__} is not supported in Lazy mode."
+    )
 
 _hf.env_at_import = _hf.snapshot_env()
-_hf.record("import", lazy=_hf.is_lazy(), env=dict(_hf.env_at_import))
+from ._autocast_lists import load as _load_autocast_lists  # noqa: E402
 
-import importlib  # noqa: E402  (everything below comes after the snapshot, as in the real import order)
+_hf.autocast_lists = _load_autocast_lists()  # (bf16 ops, fp32 ops), fixed for the life of the process
+_hf.dump_log_at_exit()
+_hf.record("import", lazy=is_lazy(), generation=_hf.generation(), env=dict(_hf.env_at_import))
 
-from . import core, distributed, hpu  # noqa: E402
-
-importlib.import_module("habana_frameworks.torch.distributed.hccl")
+from . import activity_profiler, core, distributed, hpu  # noqa: E402, F401
+from .distributed import hccl  # noqa: E402, F401
 
 __all__ = ["core", "distributed", "hpu"]

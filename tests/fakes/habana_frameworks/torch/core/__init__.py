@@ -1,13 +1,21 @@
-"""TEST DOUBLE of ``habana_frameworks.torch.core``: ``mark_step`` only.
+"""TEST DOUBLE of ``habana_frameworks.torch.core``: ``mark_step``.
 
-The real ``mark_step`` flushes the lazily accumulated graph to the device in lazy mode and does nothing
-in eager mode. Here each call is recorded with a running step-boundary number and whether lazy mode was
-on at call time (the real function checks PT_HPU_LAZY_MODE on every call, too).
+Follows ``core/step_closure.py``: ``mark_step`` is decorated with ``lazy_only`` (``utils/internal.py``),
+so in eager mode it is a no-op chosen at import (recorded here as ``core.mark_step.noop``). In lazy mode
+each call is recorded with a running step-boundary number. Also follows ``core/__init__.py`` in loading
+the torch.compile backend ``hpu_backend`` (``dynamo``).
 """
 
 import habana_frameworks as _hf
 
+from .. import dynamo  # noqa: F401  (registers hpu_backend)
+from ..utils.internal import is_lazy, lazy_only
+
 
 def mark_step(device_str="", sync=False):
     boundary = len(_hf.calls_named("core.mark_step")) + 1
-    _hf.record("core.mark_step", device_str=device_str, sync=sync, lazy=_hf.is_lazy(), boundary=boundary)
+    _hf.record("core.mark_step", device_str=device_str, sync=sync, lazy=is_lazy(), boundary=boundary)
+
+
+mark_step.__module__ = "habana_frameworks.torch.core"
+mark_step = lazy_only(mark_step)

@@ -1,19 +1,33 @@
-"""TEST DOUBLE of ``habana_frameworks.torch.hpu.graphs``.
+"""TEST DOUBLE of ``habana_frameworks.torch.hpu.graphs`` (exported by ``hpu`` in lazy mode only).
 
-The real module captures a module's forward (and backward) into HPU graphs and replays them. Nothing is
-captured here: every wrapper runs the original forward eagerly on CPU, and only records its arguments
-and each forward call. ``HPUGraph.replay`` therefore does no work.
+Follows ``hpu/graphs.py``:
+
+- ``wrap_in_hpu_graph(module)`` replaces ``module.forward`` in place. Each call is keyed by its inputs
+  (tensor shapes and layouts, other values, autocast state; not ``module.training``, not grad mode). The
+  first call with a new key captures: it runs the forward and returns its outputs. Every later call with
+  that key replays: it copies the new inputs into the tensors given at capture and returns the outputs of
+  the capture, refreshed in place. Here a replay re-runs the forward without autograd and copies the
+  results into those static output tensors, which carry no autograd history: nothing flows back through a
+  replay. Past ``max_graphs`` keys (default: no limit) new keys run the plain forward.
+- ``ModuleCacher(max_graphs=10)(model, ...)`` asserts that ``model.forward`` takes no positional-only
+  or ``*args`` parameter, patches ``model.forward`` and caches one graph per input key for training
+  forwards (module in training mode, grad enabled, lazy mode), at most ``max_graphs``; other forwards run
+  the plain forward. A cached forward here runs the model's own forward, so gradients are exact (the
+  static-output aliasing of the real training graphs is not simulated). Capturing a DistributedDataParallel
+  model fails as in the real ``GraphModel``.
+- ``make_graphed_callables`` checks its arguments as the real one does (no hooks, buffers without grad,
+  tensor-only sample args); the graphed callables run the original code.
+- ``HPUGraph`` / ``graph`` record capture and replay; a replay does no work.
 """
 
+import collections
 import copy
 import functools
+import inspect
 
 import torch
 
 import habana_frameworks as _hf
-
-# Keyword arguments the real graph-wrapped forward consumes itself instead of passing them to the model.
-_GRAPH_ONLY_KWARGS = ("warmup_mode", "bypass_hpu_graphs", "cache_tensors_list")
 
 
 class HPUGraph:
@@ -44,6 +58,43 @@ class graph:  # noqa: N801  (the real class is lower-case)
         self.hpu_graph.capture_end()
 
 
+def _input_key(obj):
+    """What the real ``input_hash`` distinguishes: tensor shape and layout, plain values, autocast state."""
+    autocast = torch.is_autocast_enabled("cpu")
+    if isinstance(obj, dict):
+        return _input_key(tuple(obj.items()))
+    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
+        return (tuple(_input_key(x) for x in obj), autocast)
+    if isinstance(obj, torch.Tensor):
+        return (tuple(obj.shape), obj.dtype, obj.stride(), autocast)
+    return hash((obj, autocast))
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    return []
+
+
+def _detached(obj):
+    """The same structure with every tensor detached (sharing storage): the graph's static outputs."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach()
+    if isinstance(obj, dict):
+        out = copy.copy(obj)  # keeps the output class (ModelOutput) and its attributes
+        for key in obj:
+            out[key] = _detached(obj[key])
+        return out
+    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
+        items = [_detached(x) for x in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    return obj
+
+
 def make_graphed_callables(
     callables,
     sample_args,
@@ -62,7 +113,47 @@ def make_graphed_callables(
         disable_tensor_cache=disable_tensor_cache,
         dry_run=dry_run,
     )
-    return callables
+    single = not isinstance(callables, tuple)
+    if single:
+        callables, sample_args = (callables,), (sample_args,)
+    for fn, args in zip(callables, sample_args, strict=True):
+        if isinstance(fn, torch.nn.Module):
+            assert not (fn._backward_hooks or fn._forward_hooks or fn._forward_pre_hooks), (
+                "Modules must not have hooks registered at the time they are passed."
+            )
+            assert all(not b.requires_grad for b in fn.buffers()), "All buffers must have requires_grad=False."
+        assert all(isinstance(a, torch.Tensor) for a in args), "sample_args must be a tuple of Tensors."
+    graphed = []
+    for fn in callables:
+        if isinstance(fn, torch.nn.Module):
+            original, training = fn.forward, fn.training
+
+            def forward(*user_args, _module=fn, _original=original, _training=training):
+                _hf.record("hpu.make_graphed_callables.replay", graphed=_module.training == _training)
+                return _original(*user_args)
+
+            fn.forward = forward
+            graphed.append(fn)
+        else:
+            graphed.append(fn)
+    return graphed[0] if single else tuple(graphed)
+
+
+class _Captured:
+    def __init__(self, inputs, outputs):
+        self.inputs = inputs  # the caller's tensors of the capture call: replays copy new inputs into them
+        self.outputs = _detached(outputs)
+
+
+def _copy_into(dst, src):
+    if isinstance(dst, torch.Tensor):
+        dst.copy_(src)
+    elif isinstance(dst, dict):
+        for key in dst:
+            _copy_into(dst[key], src[key])
+    elif isinstance(dst, (list, tuple)) and not isinstance(dst, torch.Size):
+        for d, s in zip(dst, src, strict=True):
+            _copy_into(d, s)
 
 
 def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dry_run=False, max_graphs=None):
@@ -74,27 +165,67 @@ def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dr
         dry_run=dry_run,
         max_graphs=max_graphs,
     )
+    cache = {}
     orig_forward = module.forward
 
     @functools.wraps(orig_forward)
     def forward(*args, **kwargs):
-        for name in _GRAPH_ONLY_KWARGS:
-            kwargs.pop(name, None)
-        _hf.record("hpu.wrap_in_hpu_graph.forward", training=module.training)
-        return orig_forward(*args, **kwargs)
+        warmup_mode = kwargs.pop("warmup_mode", False)
+        if kwargs.pop("bypass_hpu_graphs", False):
+            return orig_forward(*args, **kwargs)
+        key = _input_key((args, kwargs))
+        kwargs.pop("cache_tensors_list", None)
+        captured = cache.get(key)
+        if captured is None:
+            if max_graphs is not None and len(cache) == max_graphs:
+                _hf.record(
+                    "hpu.wrap_in_hpu_graph.forward", mode="uncached", training=module.training, graphs=len(cache)
+                )
+                return orig_forward(*args, **kwargs)
+            outputs = orig_forward(*args, **kwargs)
+            cache[key] = _Captured((args, kwargs), outputs)
+            _hf.record("hpu.wrap_in_hpu_graph.forward", mode="capture", training=module.training, graphs=len(cache))
+            return outputs
+        _hf.record("hpu.wrap_in_hpu_graph.forward", mode="replay", training=module.training, graphs=len(cache))
+        if warmup_mode:
+            return captured.outputs
+        with torch.no_grad():
+            _copy_into(captured.inputs, (args, kwargs))
+            cargs, ckwargs = captured.inputs
+            _copy_into(captured.outputs, orig_forward(*cargs, **ckwargs))
+        return captured.outputs
 
     module.forward = forward
-    module.clear_cache = lambda: _hf.record("hpu.wrap_in_hpu_graph.clear_cache")
+    module.clear_cache = cache.clear
     module.clear_inputs = lambda: _hf.record("hpu.wrap_in_hpu_graph.clear_inputs")
     return module
 
 
+_UNSUPPORTED = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL)
+
+
+def _forward_params(forward):
+    """The real ``GraphModel.process_function_signature``: name -> default, asserting keyword-friendly args."""
+    params = collections.OrderedDict(inspect.signature(forward).parameters)
+    for name in list(params):
+        kind = params[name].kind
+        assert kind not in _UNSUPPORTED, f"Unsupported argument type : {kind}"
+        if kind == inspect.Parameter.VAR_KEYWORD:
+            print("[WARNING] Variable keyword arguments will not be supported.")
+            del params[name]
+            continue
+        params[name] = params[name].default
+    return params
+
+
 class ModuleCacher(torch.nn.Module):
-    """``ModuleCacher(max_graphs=10)(model=model, inplace=True)`` returns ``model`` with a wrapped forward."""
+    """``ModuleCacher(max_graphs=10)(model=model, inplace=True)`` returns ``model`` with a graph-caching forward."""
 
     def __init__(self, max_graphs=10):
         super().__init__()
         self.max_graphs = max_graphs
+        self.graph_keys = []
+        self.use_lazy_mode = __import__("os").environ.get("PT_HPU_LAZY_MODE", "1") == "1"
         _hf.record("hpu.ModuleCacher", max_graphs=max_graphs)
 
     def __call__(
@@ -123,24 +254,40 @@ class ModuleCacher(torch.nn.Module):
             disable_tensor_cache=disable_tensor_cache,
             dry_run=dry_run,
         )
+        model.is_hpugraph_tracing = lambda: False
         if not inplace:
             model = copy.copy(model)
-        orig_forward = model.forward
-        lazy = _hf.is_lazy()
-
-        def forward(*args, **kwargs):
-            # The real cacher replays graphs only for training forwards with grad enabled in lazy mode.
-            cached = model.training and torch.is_grad_enabled() and lazy
-            _hf.record("hpu.ModuleCacher.forward", training=model.training, cached=cached)
-            return orig_forward(*args, **kwargs)
-
-        model.orig_forward = orig_forward
-        model.forward = forward
+        self.orig_model = copy.copy(model)
+        self.forward_params = _forward_params(self.orig_model.forward)
+        self.model = model
+        model.orig_forward = model.forward
+        model.forward = self.forward
         model.set_iteration_count = self.set_iteration_count
         model.capture_start = lambda: _hf.record("hpu.ModuleCacher.capture_start")
         model.capture_end = lambda: _hf.record("hpu.ModuleCacher.capture_end")
-        model.is_hpugraph_tracing = lambda: False
         return model
+
+    def _full_args(self, args, kwargs):
+        full = dict(self.forward_params)
+        full.update(zip(list(self.forward_params)[: len(args)], args, strict=False))
+        full.update(kwargs)
+        return full
+
+    def forward(self, *args, **kwargs):
+        full = self._full_args(args, kwargs)
+        key = _input_key(full)
+        use_cache = self.model.training and torch.is_grad_enabled() and self.use_lazy_mode
+        if use_cache and (key in self.graph_keys or len(self.graph_keys) < self.max_graphs):
+            if key not in self.graph_keys:
+                assert not isinstance(
+                    self.orig_model, (torch.nn.parallel.DataParallel, torch.nn.parallel.DistributedDataParallel)
+                ), "Use DataParallel/DistributedDataParallel only after wrapping with ModuleCacher"
+                self.graph_keys.append(key)
+                _hf.record("hpu.ModuleCacher.capture", graphs=len(self.graph_keys))
+            _hf.record("hpu.ModuleCacher.forward", training=self.model.training, cached=True)
+            return self.orig_model(**full)
+        _hf.record("hpu.ModuleCacher.forward", training=self.model.training, cached=False)
+        return self.model.orig_forward(*args, **kwargs)
 
     def set_iteration_count(self, iter_num):
         _hf.record("hpu.ModuleCacher.set_iteration_count", iter_num)

@@ -1,8 +1,10 @@
 """TEST DOUBLE of ``habana_frameworks.torch.hpu.memory``.
 
-Same functions and dict keys as the real API. "InUse" is this process's resident memory (there is no
-device memory to measure), "MaxInUse" the largest value seen since the last reset_peak_memory_stats(),
-"Limit" 96 GiB (a Gaudi 2) unless FAKE_HPU_MEMORY_LIMIT gives a number of bytes. Counters are 0.
+Same functions and dict keys as the real API (``hpu/memory.py``). "InUse" is this process's resident
+memory (there is no device memory to measure); "MaxInUse" is, as on the device, the peak since the
+process started (here the process's peak resident memory) until reset_peak_memory_stats() is called, and
+from then the largest value seen since the last reset. "Limit" is 96 GiB (a Gaudi 2) unless
+FAKE_HPU_MEMORY_LIMIT gives a number of bytes. Counters are 0.
 """
 
 import os
@@ -11,7 +13,7 @@ import torch
 
 import habana_frameworks as _hf
 
-_peak = 0
+_peak = None  # None: never reset, the peak is the whole process's
 
 
 def _rss() -> int:
@@ -22,6 +24,19 @@ def _rss() -> int:
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _process_peak() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _check_device(device) -> int:
@@ -41,11 +56,13 @@ def _stats(device) -> dict:
     global _peak
     _check_device(device)
     in_use = _rss()
-    _peak = max(_peak, in_use)
+    if _peak is not None:
+        _peak = max(_peak, in_use)
+    peak = max(_process_peak(), in_use) if _peak is None else _peak
     return {
         "Limit": int(os.environ.get("FAKE_HPU_MEMORY_LIMIT", 96 * 1024**3)),
         "InUse": in_use,
-        "MaxInUse": _peak,
+        "MaxInUse": peak,
         "NumAllocs": 0,
         "NumFrees": 0,
         "ActiveAllocs": 0,

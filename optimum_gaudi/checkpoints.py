@@ -1,0 +1,468 @@
+"""Checkpoints that survive a crash, and an output directory that never mixes two runs.
+
+A checkpoint appears complete or not at all. The trainer writes ``checkpoint-N`` inside a staging directory
+beside it (``OUTPUT_DIR/.staging-checkpoint-N/checkpoint-N``): every rank writes its part there (the main
+process alone under DDP, every rank under DeepSpeed or FSDP). After a barrier the saving process lists every
+file with its size in ``checkpoint_manifest.json``, fsyncs the files and directories, and renames the directory
+to ``OUTPUT_DIR/checkpoint-N``: one atomic rename on one file system. A kill at any moment leaves no
+``checkpoint-N`` or a complete one; staging leftovers are removed by the next save and never resumed from.
+
+A checkpoint directory is *complete* when (see :func:`checkpoint_problem`): every file its manifest lists is
+there with the size written (checkpoints of plain transformers have no manifest: this part is skipped);
+``trainer_state.json`` loads; model weights are there (safetensors checked against their header, torch files
+against their zip directory); no file is empty. Resuming from the newest (``--resume_from_checkpoint true``)
+skips incomplete ones with one warning, and rotation (``--save_total_limit``) never deletes the newest
+complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import re
+import shutil
+import struct
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import TrainerState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from .errors import UserError
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_NAME = "checkpoint_manifest.json"
+TRAINER_STATE_NAME = "trainer_state.json"
+STAGING_PREFIX = ".staging-"
+MIN_FREE_BYTES = 1 << 20  # less than this free where --output_dir lives: the disk is full
+_CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+# Model weights as transformers, PEFT, FSDP and DeepSpeed write them (any one is enough).
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+)
+_WEIGHT_PATTERNS = ("global_step*", "pytorch_model_fsdp*", "*/adapter_model.safetensors", "*/adapter_model.bin")
+
+
+class CheckpointError(UserError, ValueError):
+    """A checkpoint to resume from that is missing, incomplete or does not fit the model."""
+
+
+# ---- what is complete ---------------------------------------------------------------------------------------
+
+
+def checkpoint_step(path: str | os.PathLike) -> int | None:
+    """N for a directory named ``checkpoint-N``, else None (staging directories included)."""
+    found = _CHECKPOINT_NAME.match(Path(path).name)
+    return int(found.group(1)) if found else None
+
+
+def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """The ``checkpoint-N`` directories of ``output_dir``, oldest step first; complete or not."""
+    directory = Path(output_dir)
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if checkpoint_step(p) is not None and p.is_dir()]
+    return sorted(found, key=checkpoint_step)
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Truncation shows as a file shorter than its header says."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            return f"{path.name} is truncated ({size} bytes)"
+        (length,) = struct.unpack("<Q", raw)
+        if length > size - 8:
+            return f"{path.name} is truncated ({size} bytes, its header alone needs {length + 8})"
+        try:
+            header = json.loads(f.read(length))
+        except ValueError:
+            return f"{path.name} has an unreadable header"
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    if 8 + length + end != size:
+        return f"{path.name} is truncated ({size} bytes, its header describes {8 + length + end})"
+    return None
+
+
+def safetensors_shapes(path: str | os.PathLike) -> dict[str, list[int]]:
+    """Tensor name -> shape, read from a safetensors header alone (no tensor is loaded)."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    return {name: info["shape"] for name, info in header.items() if name != "__metadata__"}
+
+
+def _manifest_problem(directory: Path) -> str | None:
+    try:
+        listed = json.loads((directory / MANIFEST_NAME).read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{MANIFEST_NAME} is unreadable"
+    for relative, size in listed.items():
+        path = directory / relative
+        if not path.is_file():
+            return f"{relative} is missing"
+        if path.stat().st_size != size:
+            return f"{relative} has {path.stat().st_size} bytes where {size} were written"
+    return None
+
+
+def _file_problem(path: Path, relative: str) -> str | None:
+    if path.stat().st_size == 0:
+        return f"{relative} is empty"
+    if path.suffix == ".safetensors":
+        return _safetensors_problem(path)
+    if path.suffix in (".pt", ".pth", ".bin") and not zipfile.is_zipfile(path):
+        return f"{relative} is not a complete torch file"
+    if path.suffix == ".json":
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            return f"{relative} is not valid JSON"
+    return None
+
+
+def checkpoint_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` is not a complete checkpoint to resume from, in a few words; None when it is one."""
+    directory = Path(path)
+    if not directory.exists():
+        return "does not exist"
+    if not directory.is_dir():
+        return "is a file, not a checkpoint directory"
+    if not any(directory.iterdir()):
+        return "is an empty directory"
+    if (directory / MANIFEST_NAME).is_file():
+        problem = _manifest_problem(directory)
+        if problem:
+            return problem
+    if not (directory / TRAINER_STATE_NAME).is_file():
+        inner = list_checkpoints(directory)
+        hint = f" (it holds {inner[-1].name}: pass that, or --output_dir {directory} with 'true')" if inner else ""
+        return f"has no {TRAINER_STATE_NAME}{hint}"
+    try:
+        TrainerState.load_from_json(str(directory / TRAINER_STATE_NAME))
+    except Exception as e:  # invalid JSON, unknown keys, wrong types: anything means unusable
+        return f"{TRAINER_STATE_NAME} is not a trainer state ({type(e).__name__})"
+    has_weights = any((directory / name).is_file() for name in _WEIGHT_FILES) or any(
+        any(directory.glob(pattern)) for pattern in _WEIGHT_PATTERNS
+    )
+    if not has_weights:
+        return "holds no model weights"
+    for file in sorted(p for p in directory.rglob("*") if p.is_file()):
+        problem = _file_problem(file, str(file.relative_to(directory)))
+        if problem:
+            return problem
+    return None
+
+
+def latest_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint of ``output_dir``; newer incomplete ones are skipped with one warning."""
+    skipped = []
+    for candidate in reversed(list_checkpoints(output_dir)):
+        problem = checkpoint_problem(candidate)
+        if problem is None:
+            if skipped:
+                logger.warning("Skipping incomplete %s; resuming from %s.", "; ".join(skipped), candidate.name)
+            return candidate
+        skipped.append(f"{candidate.name} ({problem})")
+    if skipped:
+        logger.warning("Skipping incomplete %s.", "; ".join(skipped))
+    return None
+
+
+# ---- resuming -----------------------------------------------------------------------------------------------
+
+
+def resume_arg(value: str | bool | None) -> str | bool | None:
+    """``--resume_from_checkpoint true`` (or ``last``) means the newest checkpoint in --output_dir."""
+    if isinstance(value, str) and value.strip().lower() in {"true", "last"}:
+        return True
+    if isinstance(value, str) and value.strip().lower() in {"false", "none", ""}:
+        return None
+    return value
+
+
+def resolve_resume(resume: str | bool | None, output_dir: str | os.PathLike) -> str | None:
+    """The checkpoint directory to resume from, checked complete; raise CheckpointError with the reason."""
+    resume = resume_arg(resume)
+    if resume is None or resume is False:
+        return None
+    if resume is True:
+        found = latest_complete_checkpoint(output_dir)
+        if found is None:
+            holds = list_checkpoints(output_dir)
+            what = f"only incomplete checkpoints ({', '.join(p.name for p in holds)})" if holds else "no checkpoint"
+            raise CheckpointError(
+                f"--resume_from_checkpoint true: --output_dir {output_dir} holds {what}; "
+                "drop --resume_from_checkpoint to start a new run."
+            )
+        return str(found)
+    problem = checkpoint_problem(resume)
+    if problem:
+        raise CheckpointError(
+            f"--resume_from_checkpoint {resume} {problem}; pass a complete checkpoint-N directory, "
+            "or 'true' for the newest one in --output_dir."
+        )
+    return str(resume)
+
+
+def check_weights_fit(model: Any, checkpoint: str | os.PathLike) -> None:
+    """Raise CheckpointError when the checkpoint's weights have other shapes than ``model``'s (another size)."""
+    weights = Path(checkpoint) / "model.safetensors"
+    if model is None or not weights.is_file():
+        return
+    saved = safetensors_shapes(weights)
+    for name, tensor in model.state_dict().items():
+        if name in saved and list(tensor.shape) != list(saved[name]):
+            raise CheckpointError(
+                f"--resume_from_checkpoint {checkpoint} holds another model: {name} is "
+                f"{'x'.join(map(str, saved[name]))} there and {'x'.join(map(str, tensor.shape))} here; "
+                "resume with the model configuration it was trained with."
+            )
+
+
+# ---- writing ------------------------------------------------------------------------------------------------
+
+
+def _fsync(path: Path) -> None:
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_manifest(directory: Path) -> None:
+    """List every file and its size, and make all of it durable: files, then the manifest, then directories."""
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
+    for path in files:
+        _fsync(path)
+    listed = {str(p.relative_to(directory)): p.stat().st_size for p in files}
+    manifest = directory / MANIFEST_NAME
+    with manifest.open("w", encoding="utf-8") as f:
+        json.dump({"files": listed}, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    for sub in sorted({p.parent for p in files} | {directory}, key=lambda p: len(p.parts), reverse=True):
+        _fsync(sub)
+
+
+def remove_staging_leftovers(run_dir: str | os.PathLike) -> None:
+    """Staging directories of saves that never finished (the process was killed)."""
+    directory = Path(run_dir)
+    if directory.is_dir():
+        for leftover in directory.glob(f"{STAGING_PREFIX}*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def publish(staged: Path, final: Path) -> None:
+    """Rename the staged checkpoint into place. One that exists already (the same step saved again) is moved
+    aside first: a kill between the two renames leaves the previous complete checkpoint to resume from."""
+    old = final.parent / f"{STAGING_PREFIX}replaced-{final.name}"
+    if final.exists():
+        os.replace(final, old)
+    os.replace(staged, final)
+    _fsync(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def rotate_checkpoints(run_dir: str | os.PathLike, limit: int | None, keep: set[str | None]) -> None:
+    """Keep at most ``limit`` checkpoints: delete incomplete ones first, then the oldest; never ``keep`` nor the
+    newest complete one."""
+    if not limit or limit <= 0:
+        return
+    checkpoints = list_checkpoints(run_dir)
+    if len(checkpoints) <= limit:
+        return
+    complete = [p for p in checkpoints if checkpoint_problem(p) is None]
+    protected = {str(Path(k).resolve()) for k in keep if k} | ({str(complete[-1].resolve())} if complete else set())
+    incomplete = [p for p in checkpoints if p not in complete]
+    remaining = len(checkpoints)
+    for candidate in incomplete + complete:
+        if remaining <= limit:
+            break
+        if str(candidate.resolve()) not in protected:
+            logger.info("Deleting %s (--save_total_limit %d).", candidate, limit)
+            shutil.rmtree(candidate, ignore_errors=True)
+            remaining -= 1
+
+
+def disk_full(path: str | os.PathLike, exc: BaseException | None = None) -> bool:
+    """Whether a failure is the disk being full: ENOSPC somewhere in the chain, or almost no space left.
+
+    torch.save reports a full disk as an opaque RuntimeError, hence the look at the free space."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return _free_bytes(path) < MIN_FREE_BYTES
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _free_bytes(path: str | os.PathLike) -> int:
+    try:
+        return shutil.disk_usage(_nearest_existing(Path(path))).free
+    except OSError:
+        return 1 << 62  # unknown: not full
+
+
+class DiskFullError(UserError, OSError):
+    """Saving failed because the disk is full."""
+
+
+@contextlib.contextmanager
+def disk_full_is_user_error(path: str | os.PathLike, what: str) -> Iterator[None]:
+    """Turn a failure while writing ``what`` under ``path`` into one line when the disk is full."""
+    try:
+        yield
+    except Exception as e:
+        if isinstance(e, UserError) or not disk_full(path, e):
+            raise
+        raise DiskFullError(
+            f"no space left on the device of {path} while saving {what} ({_free_bytes(path) // 1024} KiB free); "
+            "free some space or choose another --output_dir, then resume with --resume_from_checkpoint true."
+        ) from e
+
+
+@contextlib.contextmanager
+def staged_checkpoint(run_dir: str | os.PathLike, state: Any, args: Any, barrier: Callable[[], None]) -> Iterator[Path]:
+    """Yield the staging root to write ``checkpoint-{state.global_step}`` into, as if it were ``run_dir``; when
+    the body is done publish the checkpoint atomically, then apply ``args.save_total_limit``.
+
+    Every rank enters and leaves together (``barrier``, e.g. ``accelerator.wait_for_everyone``); the process with
+    ``args.should_save`` (the main one, or each node's with save_on_each_node) publishes. A failure removes the
+    staging directory; a full disk is reported as one line (DiskFullError).
+    """
+    run_dir = Path(run_dir)
+    name = f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+    staging_root = run_dir / f"{STAGING_PREFIX}{name}"
+    saver = bool(args.should_save)
+    if saver:
+        remove_staging_leftovers(run_dir)
+    barrier()
+    try:
+        with disk_full_is_user_error(run_dir, name):
+            yield staging_root
+            best = state.best_model_checkpoint
+            moved_best = best is not None and Path(best).parent == staging_root
+            if moved_best:  # transformers found the best checkpoint where it wrote this one: name its final place
+                state.best_model_checkpoint = str(run_dir / Path(best).name)
+            barrier()
+            staged = staging_root / name
+            if saver and staged.is_dir():
+                if moved_best and (staged / TRAINER_STATE_NAME).is_file():
+                    state.save_to_json(str(staged / TRAINER_STATE_NAME))
+                write_manifest(staged)
+                publish(staged, run_dir / name)
+                rotate_checkpoints(
+                    run_dir, args.save_total_limit, keep={str(run_dir / name), state.best_model_checkpoint}
+                )
+    finally:
+        if saver:
+            shutil.rmtree(staging_root, ignore_errors=True)
+    barrier()
+
+
+# ---- the output directory -----------------------------------------------------------------------------------
+
+
+def check_output_dir(args: Any) -> None:
+    """Before anything is written: ``--output_dir`` must be a writable directory with room, and must not hold
+    another run's checkpoints unless the user says to resume them or to overwrite them.
+
+    ``args`` is the training arguments (``output_dir``, ``do_train``, ``resume_from_checkpoint``,
+    ``overwrite_output_dir``); with ``--overwrite_output_dir`` GaudiTrainer.train deletes the old checkpoints.
+    """
+    out = Path(args.output_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--output_dir {out} is a file, not a directory; choose another --output_dir.")
+    existing = _nearest_existing(out)
+    if not existing.is_dir():
+        raise UserError(f"--output_dir {out}: {existing} is a file, not a directory; choose another --output_dir.")
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".optimum-gaudi-write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(
+            f"--output_dir {out} is not writable ({e.strerror or e} in {existing}); choose another --output_dir."
+        ) from None
+    free = shutil.disk_usage(existing).free
+    if free < MIN_FREE_BYTES:
+        raise UserError(
+            f"--output_dir {out}: the disk is full ({free // 1024} KiB free); free some space or choose another."
+        )
+    if not getattr(args, "do_train", True) or resume_arg(getattr(args, "resume_from_checkpoint", None)) is not None:
+        return
+    previous = list_checkpoints(out)
+    if not previous:
+        return
+    if not getattr(args, "overwrite_output_dir", False):
+        names = previous[0].name if len(previous) == 1 else f"{previous[0].name} ... {previous[-1].name}"
+        raise UserError(
+            f"--output_dir {out} already holds checkpoints of a run ({names}): add --resume_from_checkpoint true "
+            "to continue it, or --overwrite_output_dir to start over (its checkpoints are deleted)."
+        )
+
+
+def remove_previous_checkpoints(output_dir: str | os.PathLike) -> None:
+    """--overwrite_output_dir: the previous run's checkpoints go when the new run starts training, so that a later
+    resume cannot pick one of them (and a typo found before training deletes nothing)."""
+    previous = list_checkpoints(output_dir)
+    if previous:
+        logger.warning("--overwrite_output_dir: deleting %d checkpoint(s) of the previous run.", len(previous))
+    for path in previous:
+        shutil.rmtree(path)
+    remove_staging_leftovers(output_dir)
+
+
+class OutputDirGuard(TrainerCallback):
+    """Leaves ``--output_dir`` as it was when a run fails before training begins, so a bad input never leaves a
+    half-filled directory behind. Use it as a context manager around building the trainer and training, and
+    add it to the trainer's callbacks: from ``on_train_begin`` on, what is written is the run's own (complete
+    checkpoints, logs) and is kept."""
+
+    def __init__(self, output_dir: str | os.PathLike, enabled: bool = True) -> None:
+        self.output_dir = Path(output_dir).expanduser()
+        self.enabled = enabled
+        self._before: set[str] | None = None
+        self._existed = False
+
+    def __enter__(self) -> OutputDirGuard:
+        self._existed = self.output_dir.is_dir()
+        self._before = set(os.listdir(self.output_dir)) if self._existed else set()
+        return self
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.enabled = False
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None or not self.enabled or not self.output_dir.is_dir():
+            return
+        for name in set(os.listdir(self.output_dir)) - (self._before or set()):
+            path = self.output_dir / name
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        if not self._existed:
+            with contextlib.suppress(OSError):
+                self.output_dir.rmdir()

@@ -1,0 +1,134 @@
+"""Autocast operator lists: one vocabulary (the bridge's aten op names) and one meaning on every device.
+
+A Gaudi config names ops as Habana's bridge does (``linear``, ``cross_entropy_loss``, ...). A list left out
+does not mean "no op": it means Habana's default list, which is what the bridge uses when its variable is
+unset. So :func:`resolve_op_lists` fills a left-out list with Habana's default, minus the ops the config puts
+in the other list (the config's word wins over a default), and the trainer hands the same two lists to
+every device: the bridge on a Gaudi, the op-list autocast on CPU and CUDA.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from ._aten_autocast_ops import NAMES as _REGISTERED
+
+logger = logging.getLogger(__name__)
+
+# Habana's default lists, as data: ``default_lower_ops`` and ``default_fp32_ops`` of
+# HabanaAI/gaudi-pytorch-bridge ``hpu_ops/autocast_helpers.h`` (release 1.19.0).
+HABANA_DEFAULT_BF16_OPS: tuple[str, ...] = tuple(
+    "addmm addbmm batch_norm baddbmm bmm conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d "
+    "dot dropout feature_dropout group_norm instance_norm layer_norm leaky_relu linear matmul mean mm mul mv "
+    "softmax log_softmax scaled_dot_product_attention".split()
+)
+HABANA_DEFAULT_FP32_OPS: tuple[str, ...] = tuple(
+    "acos addcdiv asin atan2 bilinear binary_cross_entropy binary_cross_entropy_with_logits cdist cosh "
+    "cosine_embedding_loss cosine_similarity cross_entropy_loss dist div divide embedding embedding_bag erfinv "
+    "exp expm1 hinge_embedding_loss huber_loss kl_div l1_loss log log10 log1p log2 logsumexp margin_ranking_loss "
+    "mse_loss multi_margin_loss multilabel_margin_loss nll_loss pdist poisson_nll_loss pow reciprocal renorm "
+    "rsqrt sinh smooth_l1_loss soft_margin_loss softplus tan topk triplet_margin_loss truediv true_divide".split()
+)
+
+# Every name an op list may use: the ops the bridge registers for autocast, and the default lists' names.
+KNOWN_OPS: frozenset[str] = frozenset(_REGISTERED.split()) | set(HABANA_DEFAULT_BF16_OPS) | set(HABANA_DEFAULT_FP32_OPS)
+
+_warned: set[str] = set()
+
+
+def closest_op(name: str) -> str | None:
+    """The known op name nearest to `name` (for "did you mean"), or None when nothing is close."""
+    close = difflib.get_close_matches(name, KNOWN_OPS, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _warn_unknown(ops: Sequence[str]) -> None:
+    for name in ops:
+        if name in KNOWN_OPS or name in _warned:
+            continue
+        _warned.add(name)
+        close = closest_op(name)
+        hint = f"did you mean '{close}'?" if close else "see optimum_gaudi.op_lists.KNOWN_OPS"
+        logger.warning(
+            "Autocast op '%s' is not an aten op Habana's bridge autocasts, so it casts nothing on any device; %s",
+            name,
+            hint,
+        )
+
+
+def resolve_op_lists(bf16_ops: Sequence[str] | None, fp32_ops: Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """The (bf16, fp32) lists a config means: a list left out (None) is Habana's default list without the
+    ops of the other list. Unknown names are kept (they are harmless) and warned about once per process."""
+    _warn_unknown([*(bf16_ops or ()), *(fp32_ops or ())])
+    bf16 = list(bf16_ops) if bf16_ops is not None else None
+    fp32 = list(fp32_ops) if fp32_ops is not None else None
+    if bf16 is None:
+        bf16 = [op for op in HABANA_DEFAULT_BF16_OPS if op not in set(fp32 or ())]
+    if fp32 is None:
+        fp32 = [op for op in HABANA_DEFAULT_FP32_OPS if op not in set(bf16)]
+    return bf16, fp32
+
+
+# ---- reaching the bridge -------------------------------------------------------------------------------------
+
+BF16_LIST_ENV = "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"
+FP32_LIST_ENV = "PT_HPU_AUTOCAST_FP32_OPS_LIST"
+
+
+def _list_file(ops: Sequence[str]) -> str:
+    """A file with one op per line, as the bridge reads it; named by content so runs reuse it."""
+    text = "".join(f"{op}\n" for op in ops)
+    path = (
+        Path(tempfile.gettempdir()) / "optimum-gaudi-op-lists" / f"{hashlib.sha1(text.encode()).hexdigest()[:16]}.txt"
+    )
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return str(path)
+
+
+def op_list_environment(bf16_ops: Sequence[str], fp32_ops: Sequence[str]) -> dict[str, str]:
+    """The bridge's two op-list variables naming files that hold these (resolved) lists."""
+    return {BF16_LIST_ENV: _list_file(bf16_ops), FP32_LIST_ENV: _list_file(fp32_ops)}
+
+
+def config_uses_op_lists(config) -> bool:
+    """Whether a GaudiConfig's autocast runs on op lists (then both lists must reach the bridge)."""
+    return bool(
+        config.use_torch_autocast or config.autocast_bf16_ops is not None or config.autocast_fp32_ops is not None
+    )
+
+
+def launch_environment(script_args: Sequence[str]) -> dict[str, str]:
+    """What the bridge must find in the environment of a training script started with `script_args`, set
+    before Python starts (Gaudi software 1.21+ loads the bridge during `import torch`): PT_HPU_LAZY_MODE from
+    ``--use_lazy_mode``, and the op lists of ``--gaudi_config_name`` when its autocast uses them. Empty when
+    no bridge is installed. A config that cannot load is left to the script, which reports it."""
+    import argparse
+    import importlib.util
+
+    if importlib.util.find_spec("habana_frameworks") is None:
+        return {}
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--gaudi_config_name")
+    parser.add_argument("--use_lazy_mode", nargs="?", const="true", default="false")
+    known, _ = parser.parse_known_args(list(script_args))
+    env = {"PT_HPU_LAZY_MODE": "1" if known.use_lazy_mode.strip().lower() in ("true", "1", "yes", "y", "t") else "0"}
+    if known.gaudi_config_name:
+        from .configuration import GaudiConfig, GaudiConfigError
+
+        try:
+            config = GaudiConfig.from_pretrained(known.gaudi_config_name)
+        except GaudiConfigError:
+            return env
+        if config_uses_op_lists(config):
+            env.update(op_list_environment(*resolve_op_lists(config.autocast_bf16_ops, config.autocast_fp32_ops)))
+    return env

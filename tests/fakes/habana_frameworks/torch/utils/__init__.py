@@ -1,0 +1,1 @@
+"""TEST DOUBLE of ``habana_frameworks.torch.utils`` (only ``internal``)."""

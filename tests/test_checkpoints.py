@@ -1,0 +1,297 @@
+"""Crash-safe checkpoints: killed at random moments during saves, a run always resumes from a complete checkpoint.
+
+The kill test forks a real training process (GaudiTrainer, tiny GPT-2, a save every step) from this
+interpreter, so each of the ~25 runs starts in a fraction of a second, and SIGKILLs it at a random moment of a
+save; the next process resumes with ``resume_from_checkpoint=True`` and must get past loading everything.
+``tests/scripts/kill_sweep.py`` does the same to run_clm.py in fresh processes, for a longer sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
+from transformers.trainer_callback import TrainerState
+
+from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
+from optimum_gaudi.checkpoints import (
+    MANIFEST_NAME,
+    CheckpointError,
+    checkpoint_problem,
+    latest_complete_checkpoint,
+    list_checkpoints,
+    resolve_resume,
+    rotate_checkpoints,
+)
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def tiny_model() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=100, n_layer=1, n_embd=32, n_head=2, n_positions=16))
+
+
+def tiny_data() -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(0, 100, (16,), generator=g).tolist() for _ in range(64)]
+    return [{"input_ids": r, "labels": r} for r in rows]
+
+
+def make_trainer(out: Path, callbacks=(), eval_dataset=None, **flags) -> GaudiTrainer:
+    args = GaudiTrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=4, learning_rate=1e-3, report_to="none",
+        disable_tqdm=True, logging_steps=1, seed=0, **{"save_strategy": "steps", "save_steps": 1, **flags},
+    )  # fmt: skip
+    data = tiny_data()
+    return GaudiTrainer(
+        model=tiny_model(), args=args, train_dataset=data, eval_dataset=eval_dataset, callbacks=list(callbacks)
+    )
+
+
+def assert_loadable(checkpoint: Path) -> int:
+    """Everything resuming reads, read back; returns the checkpoint's step."""
+    state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+    safetensors.torch.load_file(checkpoint / "model.safetensors")
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.load(checkpoint / name, weights_only=False)
+    return state.global_step
+
+
+# ---- the kill test ----------------------------------------------------------------------------------------
+
+
+class _Reporter(TrainerCallback):
+    def __init__(self, conn) -> None:
+        self.conn = conn
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.conn.send(("resumed", state.global_step))  # everything of the checkpoint is loaded by now
+
+
+def _train_until_killed(out: str, conn, resume: bool) -> None:
+    """The forked child: train with a save every step, reporting the start and the end of each save."""
+    logging.disable(logging.WARNING)
+    torch.set_num_threads(1)
+    trainer = make_trainer(Path(out), callbacks=[_Reporter(conn)], max_steps=10_000)
+    save = trainer._save_checkpoint
+
+    def reported_save(model, trial):
+        conn.send(("save", trainer.state.global_step))
+        save(model, trial)
+        conn.send(("saved", trainer.state.global_step))
+
+    trainer._save_checkpoint = reported_save
+    try:
+        trainer.train(resume_from_checkpoint=True if resume else None)
+    except BaseException as e:
+        conn.send(("failed", f"{type(e).__name__}: {e}"))
+        os._exit(1)
+
+
+def _wait_for(conn, kind: str, timeout: float = 180.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if conn.poll(max(0.0, deadline - time.monotonic())):
+            message = conn.recv()
+            if message[0] == "failed":
+                pytest.fail(f"the training process failed: {message[1]}")
+            if message[0] == kind:
+                return message
+    pytest.fail(f"no '{kind}' from the training process in {timeout} s")
+
+
+def kill_during_saves(out: Path, kills: int, seed: int) -> dict[str, int]:
+    """Kill a fresh training process ``kills`` times at a random moment of a save; after each kill the newest
+    complete checkpoint must load, and the next process must resume from exactly that one."""
+    rng, ctx = random.Random(seed), multiprocessing.get_context("fork")
+    counts = {"kills": 0, "during_save": 0, "unusable_newest": 0, "resumed": 0}
+    save_time = 0.05
+    for _ in range(kills):
+        newest = latest_complete_checkpoint(out)
+        expected_step = assert_loadable(newest) if newest is not None else 0
+        parent, child = ctx.Pipe()
+        process = ctx.Process(target=_train_until_killed, args=(str(out), child, newest is not None))
+        process.start()
+        assert _wait_for(parent, "resumed")[1] == expected_step
+        counts["resumed"] += newest is not None
+        for _ in range(rng.randint(0 if newest is not None else 1, 2)):  # a few saves complete first (one at least
+            # on a fresh start: killed in its first save every time, the run would never get anywhere)
+            _wait_for(parent, "saved")
+        started = time.monotonic()
+        _wait_for(parent, "save")
+        time.sleep(rng.uniform(0, 1.3 * save_time))
+        os.kill(process.pid, signal.SIGKILL)
+        process.join()
+        counts["kills"] += 1
+        finished = False
+        while parent.poll():
+            kind, _ = parent.recv()
+            if kind == "saved":
+                finished, save_time = True, 0.8 * save_time + 0.2 * (time.monotonic() - started)
+        counts["during_save"] += not finished
+        newest = latest_complete_checkpoint(out)
+        try:
+            if newest is not None:
+                assert_loadable(newest)
+        except Exception:
+            counts["unusable_newest"] += 1
+    return counts
+
+
+def test_sigkill_at_random_moments_of_saves_never_leaves_an_unusable_newest_checkpoint(tmp_path):
+    counts = kill_during_saves(tmp_path / "run", kills=24, seed=0)
+    print(f"kill test: {counts}")
+    assert counts["kills"] == 24 and counts["unusable_newest"] == 0, counts
+    assert counts["during_save"] >= 12, counts  # most kills land inside a save
+    assert counts["resumed"] == 23, counts  # every round after the first resumed, from the newest complete one
+    for checkpoint in list_checkpoints(tmp_path / "run"):  # not only the newest: every one is complete
+        assert checkpoint_problem(checkpoint) is None, checkpoint
+
+
+# ---- what complete means, what resume picks ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("finished") / "run"
+    make_trainer(out, max_steps=3).train()
+    return out
+
+
+def test_a_checkpoint_is_published_with_a_manifest_and_no_staging_left(finished_run):
+    assert [p.name for p in list_checkpoints(finished_run)] == ["checkpoint-1", "checkpoint-2", "checkpoint-3"]
+    assert not list(finished_run.glob(".staging-*"))
+    manifest = json.loads((finished_run / "checkpoint-3" / MANIFEST_NAME).read_text())["files"]
+    assert {"model.safetensors", "optimizer.pt", "trainer_state.json", "rng_state.pth"} <= set(manifest)
+    assert all((finished_run / "checkpoint-3" / name).stat().st_size == size for name, size in manifest.items())
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_resume_latest_skips_incomplete_checkpoints_with_one_warning(finished_run, tmp_path, caplog):
+    run = _copy_run(finished_run, tmp_path / "run")
+    (run / "checkpoint-3" / "optimizer.pt").write_bytes(b"")  # as a kill in a non-atomic save leaves it
+    (run / "checkpoint-4").mkdir()
+    (run / "checkpoint-4" / "config.json").write_text("{}")
+    (run / ".staging-checkpoint-5" / "checkpoint-5").mkdir(parents=True)
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi.checkpoints"):
+        assert resolve_resume(True, run) == str(run / "checkpoint-2")
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1
+    assert "checkpoint-4 (has no trainer_state.json)" in warnings[0] and "checkpoint-3 (optimizer.pt" in warnings[0]
+    assert "resuming from checkpoint-2" in warnings[0]
+
+
+def test_training_resumes_from_the_newest_complete_checkpoint_and_cleans_staging(finished_run, tmp_path):
+    run = _copy_run(finished_run, tmp_path / "run")
+    (run / "checkpoint-3" / "trainer_state.json").unlink()
+    (run / ".staging-checkpoint-9" / "checkpoint-9").mkdir(parents=True)
+    trainer = make_trainer(run, max_steps=4)
+    trainer.train(resume_from_checkpoint=True)
+    assert [h["step"] for h in trainer.state.log_history if "loss" in h] == [1, 2, 3, 4]  # 1, 2 from checkpoint-2
+    assert not list(run.glob(".staging-*"))
+    assert checkpoint_problem(run / "checkpoint-3") is None  # written again, complete this time
+    assert checkpoint_problem(run / "checkpoint-4") is None
+
+
+def test_save_total_limit_never_deletes_the_newest_complete_checkpoint(finished_run, tmp_path):
+    run = _copy_run(finished_run, tmp_path / "run")
+    for step in (7, 8):  # newer but incomplete, e.g. from an older version killed mid-save
+        (run / f"checkpoint-{step}").mkdir()
+        (run / f"checkpoint-{step}" / "config.json").write_text("{}")
+    rotate_checkpoints(run, 2, keep=set())
+    assert [p.name for p in list_checkpoints(run)] == ["checkpoint-2", "checkpoint-3"]
+    rotate_checkpoints(run, 1, keep={str(run / "checkpoint-2")})
+    assert [p.name for p in list_checkpoints(run)] == ["checkpoint-2", "checkpoint-3"]
+
+
+def test_save_total_limit_during_training(tmp_path):
+    make_trainer(tmp_path / "run", max_steps=4, save_total_limit=2).train()
+    assert [p.name for p in list_checkpoints(tmp_path / "run")] == ["checkpoint-3", "checkpoint-4"]
+
+
+def test_best_model_checkpoint_names_the_published_directory(tmp_path):
+    trainer = make_trainer(
+        tmp_path / "run", eval_dataset=tiny_data()[:8], max_steps=3, eval_strategy="steps", eval_steps=1,
+        metric_for_best_model="loss", load_best_model_at_end=True,
+    )  # fmt: skip
+    trainer.train()
+    best = Path(trainer.state.best_model_checkpoint)
+    assert best.parent == tmp_path / "run" and best.is_dir()
+    saved = json.loads((best / "trainer_state.json").read_text())
+    assert saved["best_model_checkpoint"] is None or Path(saved["best_model_checkpoint"]).parent == tmp_path / "run"
+
+
+def test_resume_true_without_a_checkpoint_is_a_checkpoint_error(tmp_path):
+    with pytest.raises(CheckpointError, match="holds no checkpoint"):
+        make_trainer(tmp_path / "run", max_steps=1).train(resume_from_checkpoint=True)
+
+
+# ---- a full disk --------------------------------------------------------------------------------------------
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir()
+    if sys.platform != "linux" or os.geteuid() != 0:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]).returncode == 0
+
+
+def test_a_really_full_disk_leaves_only_complete_checkpoints(tmp_path):
+    """A 3 MB file system fills up after a few checkpoints (about 1 MB each): the save that fails leaves nothing."""
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "3m"):
+        pytest.skip("mounting a small tmpfs needs root on Linux; the simulated case is in test_bad_inputs.py")
+    try:
+        trainer = make_trainer(disk / "run", max_steps=20)
+        with pytest.raises(Exception) as failure:
+            trainer.train()
+        assert "no space left" in str(failure.value)
+        published = list_checkpoints(disk / "run")
+        assert published and all(checkpoint_problem(p) is None for p in published)
+        assert not list((disk / "run").glob(".staging-*"))
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)])
+
+
+# ---- several processes --------------------------------------------------------------------------------------
+
+
+def test_ddp_every_rank_writes_into_the_staging_directory_and_one_publishes(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+        "--master_port", str(port), str(SCRIPTS / "train_tiny.py"), str(tmp_path / "losses.json"),
+        "--output_dir", str(out), "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2",
+        "--report_to", "none", "--disable_tqdm", "true", "--per_device_train_batch_size", "4",
+    ]  # fmt: skip
+    result = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [p.name for p in list_checkpoints(out)] == ["checkpoint-2", "checkpoint-4"]
+    assert not list(out.glob(".staging-*"))
+    for checkpoint in list_checkpoints(out):
+        assert checkpoint_problem(checkpoint) is None
+        manifest = json.loads((checkpoint / MANIFEST_NAME).read_text())["files"]
+        assert {"rng_state_0.pth", "rng_state_1.pth", "optimizer.pt", "model.safetensors"} <= set(manifest)

@@ -1,0 +1,228 @@
+"""The simulated bridge (tests/fakes, a test double) behaves as the real bridge's source says it does.
+
+Each test names the behaviour of HabanaAI/gaudi-pytorch-bridge it checks; the simulator's modules cite
+the bridge file they follow. These tests keep the simulator honest, so tests of the HPU path mean something.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FAKES, GAUDI_SOFTWARE
+
+BOTH = pytest.mark.parametrize("gaudi_software", GAUDI_SOFTWARE, indirect=True)
+
+
+def child(code: str, **env: str) -> dict:
+    """Run `code` in a fresh Python with the simulator on PYTHONPATH (as if the bridge were installed)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "HLS_MODULE_ID"))}
+    base = {**base, "PYTHONPATH": FAKES, **env}
+    result = subprocess.run([sys.executable, "-c", code], env=base, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+IMPORT_TORCH = (
+    "import json, sys, torch; "
+    "print(json.dumps({'loaded': 'habana_frameworks.torch' in sys.modules, "
+    "'lazy': 'habana_frameworks.torch' in sys.modules "
+    "and sys.modules['habana_frameworks.torch.utils.internal'].is_lazy()}))"
+)
+
+
+@pytest.mark.parametrize(
+    "software, env, loaded, lazy",
+    [
+        ("1.19", {}, False, None),  # lazy default: no autoload
+        ("1.19", {"PT_HPU_LAZY_MODE": "0"}, True, False),
+        ("1.19", {"PT_HPU_AUTOLOAD": "1"}, True, True),
+        ("1.21", {}, True, False),  # eager default: the bridge loads during `import torch`
+        ("1.21", {"PT_HPU_LAZY_MODE": "1"}, False, None),
+        ("1.21", {"PT_HPU_AUTOLOAD": "0"}, False, None),
+        ("1.21", {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}, False, None),
+    ],
+)
+def test_autoload_at_import_torch_follows_the_generation(software, env, loaded, lazy):
+    result = child(IMPORT_TORCH, FAKE_HPU_SOFTWARE=software, **env)
+    assert result["loaded"] is loaded
+    if loaded:
+        assert result["lazy"] is lazy
+
+
+@BOTH
+def test_is_lazy_is_decided_once_with_the_generation_default(bridge, gaudi_software, monkeypatch):
+    from habana_frameworks.torch.utils.internal import is_lazy
+
+    assert is_lazy() is (gaudi_software == "1.19")
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0" if is_lazy() else "1")
+    assert is_lazy() is (gaudi_software == "1.19")  # cached: the variable no longer matters
+
+
+def test_eager_mode_mark_step_is_a_no_op_and_graphs_are_not_exported(bridge, monkeypatch):
+    import habana_frameworks.torch as ht
+
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")  # too late: the bridge loaded in eager mode
+    ht.core.mark_step()
+    assert "core.mark_step" not in bridge().names() and "core.mark_step.noop" in bridge().names()
+    for name in ("HPUGraph", "graph", "make_graphed_callables", "ModuleCacher", "wrap_in_hpu_graph"):
+        assert not hasattr(ht.hpu, name)
+
+
+def lazy_bridge(monkeypatch):
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
+    import habana_frameworks.torch as ht
+
+    return ht
+
+
+def test_wrap_in_hpu_graph_replays_static_outputs_without_gradient(bridge, monkeypatch):
+    ht = lazy_bridge(monkeypatch)
+    torch.manual_seed(0)
+    model = ht.hpu.wrap_in_hpu_graph(torch.nn.Linear(3, 2))
+    first_in, second_in = torch.randn(4, 3), torch.randn(4, 3)
+    captured = model(first_in)
+    assert captured.requires_grad  # the capture call is a plain forward
+    replayed = model(second_in)
+    assert not replayed.requires_grad and replayed.grad_fn is None
+    assert torch.equal(first_in, second_in)  # the capture's input tensor received the new input
+    again = model(torch.randn(4, 3))
+    assert again is replayed  # the same static output tensor, refreshed in place
+    forward = "hpu.wrap_in_hpu_graph.forward"
+    assert len(bridge().calls_named(forward, mode="capture")) == 1
+    assert len(bridge().calls_named(forward, mode="replay")) == 2
+
+
+def test_wrap_in_hpu_graph_bounds_graphs_only_when_asked(bridge, monkeypatch):
+    ht = lazy_bridge(monkeypatch)
+    unbounded = ht.hpu.wrap_in_hpu_graph(torch.nn.Linear(3, 2))
+    bounded = ht.hpu.wrap_in_hpu_graph(torch.nn.Linear(3, 2), max_graphs=2)
+    with torch.no_grad():
+        for rows in range(1, 6):
+            unbounded(torch.randn(rows, 3))
+            bounded(torch.randn(rows, 3))
+    captures = bridge().calls_named("hpu.wrap_in_hpu_graph.forward", mode="capture")
+    assert [c.kwargs["graphs"] for c in captures] == [1, 1, 2, 2, 3, 4, 5]
+    assert len(bridge().calls_named("hpu.wrap_in_hpu_graph.forward", mode="uncached")) == 3
+
+
+def test_module_cacher_defaults_and_refuses_star_args(bridge, monkeypatch):
+    ht = lazy_bridge(monkeypatch)
+    assert ht.hpu.ModuleCacher().max_graphs == 10
+
+    class StarArgs(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            return args
+
+    with pytest.raises(AssertionError, match="Unsupported argument type"):
+        ht.hpu.ModuleCacher()(model=StarArgs(), inplace=True)
+
+
+def test_module_cacher_caches_at_most_max_graphs_training_shapes(bridge, monkeypatch):
+    ht = lazy_bridge(monkeypatch)
+    model = ht.hpu.ModuleCacher(max_graphs=2)(model=torch.nn.Linear(3, 2), inplace=True)
+    for rows in (1, 2, 3, 1):
+        model(torch.randn(rows, 3)).sum().backward()  # gradients flow through cached forwards
+    with torch.no_grad():
+        model(torch.randn(1, 3))
+    cached = [c.kwargs["cached"] for c in bridge().calls_named("hpu.ModuleCacher.forward")]
+    assert cached == [True, True, False, True, False]
+    assert model.weight.grad is not None
+
+
+@BOTH
+def test_profiler_enum_is_replaced_and_foreign_values_record_nothing(bridge, tmp_path):
+    original = torch.profiler.ProfilerActivity
+    import habana_frameworks.torch  # noqa: F401
+
+    assert torch.profiler.ProfilerActivity is not original
+    for activities, expect_events in (([original.CPU], False), ([torch.profiler.ProfilerActivity.CPU], True)):
+        with torch.profiler.profile(activities=activities) as prof:
+            torch.ones(4).add(1)
+        path = tmp_path / "trace.json"
+        prof.export_chrome_trace(str(path))
+        assert bool(json.loads(path.read_text())["traceEvents"]) is expect_events
+
+
+def test_unloading_restores_the_profiler_enum(bridge):
+    original = torch.profiler.ProfilerActivity
+    import habana_frameworks.torch  # noqa: F401
+
+    bridge().unload()
+    assert torch.profiler.ProfilerActivity is original
+
+
+def test_hccl_import_sets_the_distributed_environment(bridge, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "HABANA_VISIBLE_MODULES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1")
+    import habana_frameworks.torch.distributed.hccl  # noqa: F401
+
+    env = os.environ
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == ("3", "4", "1")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("localhost", "12345")
+    assert env["HLS_MODULE_ID"] == "1" and env["ID"] == "3"
+
+
+def test_torch_version_mismatch_is_an_assertion_at_import(bridge, monkeypatch):
+    monkeypatch.setenv("FAKE_HPU_BUILT_FOR_TORCH", "2.5")
+    with pytest.raises(AssertionError, match="differs from run-time"):
+        import habana_frameworks.torch  # noqa: F401
+
+
+def test_fused_clip_norm_returns_a_shape_one_norm_in_the_parameters_dtype(bridge):
+    from habana_frameworks.torch.hpex.normalization import FusedClipNorm
+
+    params = [torch.nn.Parameter(torch.randn(5, dtype=torch.bfloat16)) for _ in range(2)]
+    for p in params:
+        p.grad = torch.full((5,), 4.0, dtype=torch.bfloat16)
+    norm = FusedClipNorm(params, 1.0).clip_norm(params)
+    assert norm.shape == (1,) and norm.dtype == torch.bfloat16
+    assert float(norm) == pytest.approx(float(torch.full((10,), 4.0).norm()), rel=1e-2)
+
+
+def test_dynamic_shapes_switch(bridge):
+    import habana_frameworks.torch.hpu as hthpu
+
+    hthpu.enable_dynamic_shape()
+    assert hthpu.get_dynamic_shape_status()
+    hthpu.disable_dynamic_shape()
+    assert not hthpu.get_dynamic_shape_status()
+
+
+def test_default_autocast_lists_are_read_once_at_load(bridge, monkeypatch, tmp_path):
+    import habana_frameworks.torch  # noqa: F401
+
+    first = dict(bridge().env_at_import)
+    monkeypatch.setenv("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", str(tmp_path / "later.txt"))
+    assert bridge().env_at_import == first  # what the bridge uses was fixed when it loaded
+
+
+def test_hpu_backend_is_a_torch_compile_backend(bridge):
+    import habana_frameworks.torch  # noqa: F401
+
+    compiled = torch.compile(lambda x: (x * 2).sin(), backend="hpu_backend")
+    assert torch.allclose(compiled(torch.ones(3)), torch.ones(3).mul(2).sin())
+    assert "dynamo.hpu_backend" in bridge().names()
+
+
+def test_fakes_readme_names_every_simulated_module():
+    readme = (Path(FAKES) / "README.md").read_text()
+    for module in ("autoload", "utils.internal", "activity_profiler", "dynamo", "distributed.hccl", "hpu.graphs"):
+        assert module in readme, module
+
+
+def test_autocast_lists_come_from_the_files_or_the_defaults(bridge, monkeypatch, tmp_path):
+    bf16 = tmp_path / "bf16.txt"
+    bf16.write_text("linear\nmatmul\n")
+    monkeypatch.setenv("PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST", str(bf16))
+    import habana_frameworks.torch  # noqa: F401
+
+    lower, fp32 = bridge().autocast_lists
+    assert lower == {"linear", "matmul"}
+    assert "cross_entropy_loss" in fp32 and "nll_loss" in fp32  # fp32 list not set: Habana's default
