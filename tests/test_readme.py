@@ -70,5 +70,5 @@ def test_each_launch_example_is_accepted_from_the_repository_root(argv, fake_lau
     assert "examples/language-modeling/run_clm.py" in capsys.readouterr().out
 
 
-def test_the_readme_has_the_four_launch_examples():
-    assert len(launch_lines()) == 4
+def test_the_readme_has_the_five_launch_examples():
+    assert len(launch_lines()) == 5  # Run it on a Gaudi; one node; several nodes; DeepSpeed; MPI
