@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: venv demo test test-compat test-compat-all test-compat-trl style bench clean
+.PHONY: venv demo test test-slow test-compat test-compat-all test-compat-trl style bench clean
 
 venv: $(STAMP)
 
@@ -25,7 +25,11 @@ demo: $(STAMP)
 	$(PY) examples/language-modeling/demo.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not slow" tests
+
+# Tests left out of `make test` for time: ZeRO-Offload compiles DeepSpeed's CPU Adam on its first run (minutes).
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow tests
 
 # The core suite on the oldest supported transformers and the newest, each in .venv-compat/<version>;
 # COMPAT_VERSIONS="5.4.0 5.10.4" picks others, test-compat-all takes every 5.x minor release and 4.57.

@@ -13,9 +13,9 @@ from optimum_gaudi.data import default_datasets, default_tokenizer, tokenize_and
 BLOCK_SIZE = 128
 
 
-def lm_data(train_blocks: int, eval_blocks: int):
+def lm_data(train_blocks: int, eval_blocks: int, vocab_size: int = 4096):
     """Blocks of the embedded corpus: the same tokens for every variant, so losses compare."""
-    tokenizer = default_tokenizer()
+    tokenizer = default_tokenizer(vocab_size)
     blocks = tokenize_and_group(default_datasets(), tokenizer, BLOCK_SIZE)
     train = blocks["train"].select(range(train_blocks))
     valid = blocks["validation"].select(range(eval_blocks))

@@ -1,9 +1,15 @@
-"""`make bench`: run every benchmark in one process, print the tables, write docs/benchmarks.md."""
+"""`make bench`: run the benchmarks in one process, print the tables, write docs/benchmarks.md.
+
+Each section is one side-by-side run. `BENCH_SECTIONS=compile make bench` reruns only the named sections
+(comma-separated: speed, compile, distributed, allreduce) and replaces just those in docs/benchmarks.md,
+each section saying when and under what load it was measured.
+"""
 
 from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -13,68 +19,129 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from benchmarks import allreduce_model, distributed, train_speed  # noqa: E402
+from benchmarks import allreduce_model, compile_speed, distributed, train_speed  # noqa: E402
 from benchmarks.common import markdown_table  # noqa: E402
 
+DOC = ROOT / "docs" / "benchmarks.md"
 HEADER = """# Benchmarks
 
-Made by `make bench` ({date}) on: {machine}, {cpus} CPUs, torch {torch}, {threads} torch threads.
-Every number comes from one run of `benchmarks/run.py`; ratios compare variants measured side by side in
-that run (interleaved, medians of repeats). Throughput excludes warm-up steps.
+Made by `make bench` on: {machine}, {cpus} CPUs, torch {torch}, {threads} torch threads. Each section
+below is one run of `benchmarks/run.py`; ratios compare variants measured side by side in that run
+(interleaved, medians of repeats), and each section states its date and the machine's load average.
+Throughput excludes warm-up steps.
 """
-
 
 LOSS_TOLERANCE = 0.01  # bf16 may change the eval loss after the same steps by at most this much
 
 
-def targets(speed: dict, dist: dict) -> str:
+class Targets:
     """The issues' targets, each checked against this run's medians."""
-    rows = []
 
-    def check(name: str, value: float, goal: float, fmt: str = "{:.2f}x", at_most: bool = False) -> None:
+    def __init__(self) -> None:
+        self.rows: list[list[str]] = []
+
+    def check(self, name: str, value: float, goal: float, fmt: str = "{:.2f}x", at_most: bool = False) -> None:
         met = value <= goal if at_most else value >= goal
         bound = "<=" if at_most else ">="
-        rows.append([name, f"{bound} {fmt.format(goal)}", fmt.format(value), "met" if met else "**missed**"])
+        self.rows.append([name, f"{bound} {fmt.format(goal)}", fmt.format(value), "met" if met else "**missed**"])
 
-    for model, m in speed.items():
+    def table(self) -> str:
+        return markdown_table(["target", "goal", "this run", ""], self.rows)
+
+
+def speed_section(quick: bool) -> str:
+    repeats, steps, warmup = (1, 8, 2) if quick else (3, 30, 5)
+    text, medians = train_speed.run(repeats=repeats, steps=steps, warmup=warmup)
+    t = Targets()
+    for model, m in medians.items():
         gaudi, fp32, bf16 = m["gaudi_gpt2"], m["trainer_fp32"], m["trainer_bf16"]
-        check(f"{model}: GaudiTrainer / default Trainer, tokens/s", gaudi[0] / fp32[0], 1.6)
-        check(f"{model}: GaudiTrainer / hand-tuned Trainer (--bf16, fused AdamW)", gaudi[0] / bf16[0], 1.0)
-        check(f"{model}: eval loss, GaudiTrainer bf16 - fp32", abs(gaudi[1] - fp32[1]), LOSS_TOLERANCE, "{:.4f}", True)
-    check("fast_ddp / ddp, steps/s on 2 processes", dist["fast_ddp_2procs"] / dist["ddp_2procs"], 1.1)
-    check("2-process scaling (ddp / 1 process, 2 threads)", dist["ddp_2procs"] / dist["single_2threads"], 0.95)
-    check("2-process scaling (fast_ddp / 1 process)", dist["fast_ddp_2procs"] / dist["single_2threads"], 0.95)
-    return markdown_table(["target", "goal", "this run", ""], rows)
+        t.check(f"{model}: GaudiTrainer / default Trainer, tokens/s", gaudi[0] / fp32[0], 1.6)
+        t.check(f"{model}: GaudiTrainer / hand-tuned Trainer (--bf16, fused AdamW)", gaudi[0] / bf16[0], 1.0)
+        t.check(
+            f"{model}: eval loss, GaudiTrainer bf16 - fp32", abs(gaudi[1] - fp32[1]), LOSS_TOLERANCE, "{:.4f}", True
+        )
+    return f"## Training speed on this CPU\n\n{t.table()}\n\n{text}"
+
+
+def compile_section(quick: bool) -> str:
+    if quick:
+        text, m = compile_speed.run(repeats=1, steps=6, warmup=2, deep_repeats=1)
+    else:
+        text, m = compile_speed.run()
+    small, deep = m["small"], m["deep"]
+    t = Targets()
+    gc, tc, tuned = small["gaudi_compile"][0], small["hand_tuned_compile"][0], small["hand_tuned"][0]
+    t.check("GaudiTrainer + compile / hand-tuned + compile (aim 1.2x)", gc / tc, 1.0)
+    t.check("GaudiTrainer + compile / hand-tuned without compile", gc / tuned, 1.3)
+    t.check("GaudiTrainer without compile / hand-tuned", small["gaudi"][0] / tuned, 1.0)
+    whole, regional = deep["gaudi_compile"], deep["gaudi_regional"]
+    t.check("12 layers: regional / whole-model compile time", regional[1] / whole[1], 0.5, at_most=True)
+    t.check("12 layers: regional / whole-model steady speed", regional[0] / whole[0], 0.95)
+    fp32_loss = small["trainer_fp32"][2]
+    for setup in ("gaudi", "gaudi_compile"):
+        diff = abs(small[setup][2] - fp32_loss)
+        t.check(f"eval loss, {setup} (bf16) - fp32", diff, LOSS_TOLERANCE, "{:.4f}", True)
+    return f"## torch.compile, op-list autocast and regional compilation\n\n{t.table()}\n\n{text}"
+
+
+def distributed_section(quick: bool) -> str:
+    repeats, steps, warmup = (1, 8, 2) if quick else (3, 30, 5)
+    text, d = distributed.run(repeats=repeats, steps=steps, warmup=warmup)
+    t = Targets()
+    t.check("fast_ddp / ddp, steps/s on 2 processes", d["fast_ddp_2procs"] / d["ddp_2procs"], 1.1)
+    t.check("2-process scaling (ddp / 1 process, 2 threads)", d["ddp_2procs"] / d["single_2threads"], 0.95)
+    t.check("2-process scaling (fast_ddp / 1 process)", d["fast_ddp_2procs"] / d["single_2threads"], 0.95)
+    return f"## Distributed: fast_ddp and DDP on 2 CPU processes\n\n{t.table()}\n\n{text}"
+
+
+def allreduce_section(quick: bool) -> str:
+    return f"## All-reduce at scale: an alpha-beta estimate\n\n{allreduce_model.run()}"
+
+
+SECTIONS = {
+    "speed": speed_section,
+    "compile": compile_section,
+    "distributed": distributed_section,
+    "allreduce": allreduce_section,
+}
+
+
+def _sections_of(text: str) -> dict[str, str]:
+    """The '## ' sections of an existing benchmarks.md, by heading, in order."""
+    parts = re.split(r"(?m)^(?=## )", text)
+    return {part.splitlines()[0]: part.rstrip() + "\n" for part in parts[1:]}
 
 
 def main() -> None:
     threads = int(os.environ.get("BENCH_THREADS", os.cpu_count() or 1))
     torch.set_num_threads(threads)
     quick = os.environ.get("BENCH_QUICK") == "1"  # a smoke run of the benchmark code, not for the docs
-    start = time.time()
-    print("== training speed: GaudiTrainer vs transformers.Trainer")
-    repeats, steps, warmup = (1, 8, 2) if quick else (3, 30, 5)
-    speed, speed_medians = train_speed.run(repeats=repeats, steps=steps, warmup=warmup)
-    print("== distributed: fast_ddp vs ddp on 2 gloo processes")
-    dist, dist_speed = distributed.run(repeats=repeats, steps=steps, warmup=warmup)
-    print("== all-reduce cost model")
-    model = allreduce_model.run()
+    wanted = os.environ.get("BENCH_SECTIONS", ",".join(SECTIONS)).split(",")
+    unknown = [name for name in wanted if name not in SECTIONS]
+    if unknown:
+        sys.exit(f"BENCH_SECTIONS: unknown section(s) {unknown}; choose from {', '.join(SECTIONS)}.")
+    results = {}
+    for name in wanted:
+        start, load = time.time(), os.getloadavg()[0]
+        print(f"== {name}", flush=True)
+        body = SECTIONS[name](quick).rstrip()
+        stamp = (
+            f"\n\nMeasured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(start))} in {time.time() - start:.0f} s;"
+            f" load average at the start {load:.1f} on {os.cpu_count()} CPUs.\n"
+        )
+        results[body.splitlines()[0]] = body + stamp
     header = HEADER.format(
-        date=time.strftime("%Y-%m-%d"), machine=platform.processor() or platform.machine(),
-        cpus=os.cpu_count(), torch=torch.__version__, threads=threads,
+        machine=platform.processor() or platform.machine(), cpus=os.cpu_count(), torch=torch.__version__,
+        threads=threads,
     )  # fmt: skip
-    body = (
-        f"{header}\n## Targets\n\n{targets(speed_medians, dist_speed)}\n\n## Training speed on this CPU\n\n{speed}\n\n"
-        f"## Distributed: fast_ddp and DDP on 2 CPU processes\n\n{dist}\n\n"
-        f"## All-reduce at scale: an alpha-beta estimate\n\n{model}\n\n"
-        f"Total benchmark time: {time.time() - start:.0f} s.\n"
-    )
     if quick:
-        print(body)
+        print("\n\n".join(results.values()))
         return
-    (ROOT / "docs").mkdir(exist_ok=True)
-    (ROOT / "docs" / "benchmarks.md").write_text(body)
-    print(f"wrote {ROOT / 'docs' / 'benchmarks.md'}")
+    sections = _sections_of(DOC.read_text()) if DOC.is_file() and len(wanted) < len(SECTIONS) else {}
+    sections.update(results)
+    DOC.parent.mkdir(exist_ok=True)
+    DOC.write_text(header + "\n" + "\n".join(sections.values()))
+    print(f"wrote {DOC}")
 
 
 if __name__ == "__main__":

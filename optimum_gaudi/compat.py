@@ -36,6 +36,7 @@ TRAINER_HOOKS = (
     "train",  # the checkpoint hooks (optimum_gaudi.checkpoints)
     "_get_output_dir",
     "_save_checkpoint",
+    "_load_callback_state",  # run totals kept out of callback-state matching (metrics.py)
 )
 
 

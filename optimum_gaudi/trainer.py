@@ -21,6 +21,7 @@ from transformers.trainer_pt_utils import find_batch_size
 from .batching import StaticRows
 from .checkpoints import check_weights_fit, remove_previous_checkpoints, resolve_resume, staged_checkpoint
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
+from .compilation import CompilationLog, CompileOptions, compile_regions, pin_loss_function
 from .configuration import GaudiConfig
 from .distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from .events import InternalCallbackHandler
@@ -127,6 +128,11 @@ class GaudiTrainerMixin(TrainerShims):
         self._inference_wrapped: tuple[nn.Module, Any] | None = None  # (model, its forward before the graph)
         self._grad_clipper: tuple[int, float, Any] | None = None  # (id of the model, max_norm, clipper)
         self.gaudi_device.set_dynamic_shapes(self.gaudi_config.use_dynamic_shapes)
+        self._compile = CompileOptions.from_args(args)
+        self._compilation_log = CompilationLog()
+        self._eager_step: int | None = None  # --compile_from_sec_iteration: the step that runs eagerly
+        if self._compile is not None:
+            self._compile.apply_limits()
 
         super().__init__(*trainer_args, **trainer_kwargs)
 
@@ -140,6 +146,19 @@ class GaudiTrainerMixin(TrainerShims):
             table = feature_table(self.gaudi_device, args, self.gaudi_config)
             flags = ", ".join(f"{k}={v}" for k, v in args.gaudi_flags().items())
             logger.warning("Gaudi features on this run:\n%s\nGaudi arguments: %s", table, flags)
+            if self.is_deepspeed_enabled:
+                self._say_what_deepspeed_replaces()
+
+    def _say_what_deepspeed_replaces(self) -> None:
+        """DeepSpeed clips the gradients itself ("gradient_clipping"), and builds the optimizer its config names;
+        the trainer's optimizer (the fused AdamW included) is used, partitioned, only when the config names none."""
+        replaced = []
+        if self.gaudi_config.use_fused_clip_norm:
+            replaced.append('use_fused_clip_norm (DeepSpeed clips by its "gradient_clipping")')
+        if self.gaudi_config.use_fused_adam and "optimizer" in self.accelerator.state.deepspeed_plugin.deepspeed_config:
+            replaced.append("use_fused_adam (the DeepSpeed config names its own optimizer)")
+        if replaced:
+            logger.warning("DeepSpeed replaces these Gaudi features on this run: %s.", "; ".join(replaced))
 
     def _select_autocast(self, args: GaudiTrainingArgumentsMixin):
         """bf16 autocast on the Gaudi config's op lists (a list left out is Habana's default list), the same
@@ -165,11 +184,15 @@ class GaudiTrainerMixin(TrainerShims):
         accelerator_args = super()._build_accelerator_args(**kwargs)
         if self._autocast is not None:
             accelerator_args["mixed_precision"] = "no"  # our autocast replaces accelerate's fixed op lists
+        if self._compile is not None:
+            accelerator_args["dynamo_plugin"] = self._compile.dynamo_plugin()
         return accelerator_args
 
     # ---- graphs -------------------------------------------------------------------------------------
 
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
+        if self._compile is not None:
+            self._prepare_compile(self.accelerator.unwrap_model(model, keep_torch_compile=False))
         model = super()._wrap_model(model, training, dataloader)
         # The bridge's graph wrappers patch the module's forward in place: wrap each module once.
         if training:
@@ -211,6 +234,20 @@ class GaudiTrainerMixin(TrainerShims):
         self._inference_wrapped = None
         self._graph_wrapped.discard((False, id(model)))
 
+    def _prepare_compile(self, model: nn.Module) -> None:
+        """Once per model: pin its loss function (no graph break) and, if asked, compile its blocks."""
+        if getattr(model, "_gaudi_compile_prepared", False):
+            return
+        model._gaudi_compile_prepared = True
+        pin_loss_function(model)
+        if self._compile.regional:
+            compiled = compile_regions(model, **self._compile.compile_kwargs())
+            if compiled is None:
+                logger.warning("--use_regional_compilation: no repeated blocks in the model; compiling it whole.")
+                model.compile(**self._compile.compile_kwargs())
+            else:
+                logger.info("Regional compilation: each block of %s compiled once.", compiled)
+
     def _use_fast_ddp(self) -> bool:
         return self.args.distribution_strategy == "fast_ddp" and self.args.world_size > 1
 
@@ -235,16 +272,27 @@ class GaudiTrainerMixin(TrainerShims):
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         rows = find_batch_size(inputs)
         self._throughput.count_batch(inputs, rows)
-        if self._static_rows is None or rows is None:
+        with contextlib.ExitStack() as stack:
+            if self._static_rows is not None and rows is not None:
+                unwrapped = self.accelerator.unwrap_model(model)
+                stack.enter_context(self._static_rows.padding(model, unwrapped, rows, self._train_batch_size))
+            if self._compile is not None:
+                stack.enter_context(self._compiled_step(inputs))
             loss = super().training_step(model, inputs, num_items_in_batch)
-        else:
-            with self._static_rows.padding(model, self.accelerator.unwrap_model(model), rows, self._train_batch_size):
-                loss = super().training_step(model, inputs, num_items_in_batch)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # after backward
         if self._grad_allreduce is not None and self.accelerator.gradient_state.sync_gradients:
             self._grad_allreduce()  # before clipping, which then sees the averaged gradients
         return loss
+
+    def _compiled_step(self, inputs: dict[str, Any]) -> contextlib.ExitStack:
+        """Eager on the first iteration with --compile_from_sec_iteration; graphs built counted and logged."""
+        if self._eager_step is None:
+            self._eager_step = self.state.global_step
+        stack = contextlib.ExitStack()
+        stack.enter_context(self._compile.step_context(self.state.global_step == self._eager_step))
+        stack.enter_context(self._compilation_log.watch(inputs, self.state.global_step))
+        return stack
 
     def evaluation_loop(self, *args: Any, **kwargs: Any):
         self._throughput.eval_begin()
@@ -253,7 +301,8 @@ class GaudiTrainerMixin(TrainerShims):
     def prediction_step(
         self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys=None, **kwargs: Any
     ):
-        outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **kwargs)
+        with self._compilation_log.watch(inputs, self.state.global_step):
+            outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **kwargs)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # run the queued evaluation graph before the next batch
         self._throughput.eval_batch(find_batch_size(inputs) or 0)

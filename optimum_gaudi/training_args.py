@@ -13,8 +13,10 @@ import os
 from dataclasses import dataclass, field, fields
 
 import torch
+from torch.overrides import TorchFunctionMode
 from transformers import TrainingArguments
 
+from .compilation import check_compile_flags
 from .configuration import GaudiConfig
 from .devices import CPUDevice, Device, detect_device
 from .devices.hpu import bridge_installed, prepare_bridge
@@ -98,6 +100,21 @@ class GaudiTrainingArgumentsMixin:
             "choices": list(HALF_PRECISION_BACKENDS),
         },
     )
+    use_regional_compilation: bool = field(
+        default=False,
+        metadata={
+            "help": "With --torch_compile: compile the repeated block (decoder layer) once, not the whole model."
+        },
+    )
+    compile_dynamic: bool | None = field(
+        default=None, metadata={"help": "With --torch_compile: torch.compile(dynamic=...); unset lets torch decide."}
+    )
+    compile_from_sec_iteration: bool = field(
+        default=False, metadata={"help": "With --torch_compile: run the first training iteration eagerly."}
+    )
+    cache_size_limit: int | None = field(
+        default=None, metadata={"help": "With --torch_compile: most graphs dynamo keeps per function (process-wide)."}
+    )
     profiling_warmup_steps: int = field(default=0, metadata={"help": "Steps to skip before profiling starts."})
     profiling_steps: int = field(
         default=0, metadata={"help": "Steps to profile with torch.profiler (0 disables profiling)."}
@@ -132,6 +149,7 @@ class GaudiTrainingArgumentsMixin:
         if self.torch_compile and self.torch_compile_backend is None:
             self.torch_compile_backend = self.gaudi_device.compile_backend
         super().__post_init__()
+        self._check_deepspeed_config()
         if self.non_blocking_data_copy:
             self.accelerator_config.non_blocking = True
 
@@ -188,6 +206,9 @@ class GaudiTrainingArgumentsMixin:
             fail(f"{compiling} cannot be combined with HPU Graphs; choose compilation or --use_hpu_graphs_for_*.")
         if self.torch_compile and self.use_lazy_mode:
             fail(f"{compiling} needs eager mode; drop --use_lazy_mode when compiling.")
+        if self.cache_size_limit is not None and self.cache_size_limit < 1:
+            fail(f"--cache_size_limit must be >= 1 (or unset for torch's default), got {self.cache_size_limit}.")
+        check_compile_flags(self)
         if self.half_precision_backend != "auto" and not self.bf16:
             logger.warning(
                 "--half_precision_backend %s has no effect without --bf16 or a Gaudi config with use_torch_autocast.",
@@ -201,6 +222,38 @@ class GaudiTrainingArgumentsMixin:
         for flag in ("profiling_record_shapes", "profiling_with_stack"):
             if getattr(self, flag) and self.profiling_steps == 0:
                 logger.warning("--%s is ignored while --profiling_steps is 0.", flag)
+
+    def _check_deepspeed_config(self) -> None:
+        """transformers reports a DeepSpeed config value that disagrees with the arguments (e.g. "bf16": {"enabled":
+        true} without --bf16) only once training starts, after the model is loaded: say it now, in one line."""
+        ds_config = getattr(self, "hf_deepspeed_config", None)
+        if ds_config is None:
+            return
+        if ds_config.mismatches:
+            found = "; ".join(m.lstrip("- ") for m in ds_config.mismatches)
+            source = self.deepspeed if isinstance(self.deepspeed, str) else "config"
+            raise GaudiArgumentError(
+                f"--deepspeed {source} disagrees with the training arguments ({found}); set those values to "
+                '"auto" in the config or pass matching arguments (the bundled configs train in bf16: add --bf16).'
+            )
+        self._keep_torch_linear_under_zero3(ds_config.config.get("zero_optimization") or {})
+
+    def _keep_torch_linear_under_zero3(self, zero: dict) -> None:
+        """ZeRO-3 swaps F.linear for its own function, whose backward re-enters torch.autocast and nothing else. The
+        op-list autocast of devices whose torch.autocast cannot follow the lists is a TorchFunctionMode: that
+        backward would mix bf16 and float32, so ZeRO-3 keeps torch's linear ("memory_efficient_linear": false)."""
+        config = self.gaudi_config
+        if zero.get("stage") != 3 or config is None or not (config.autocast_bf16_ops or config.autocast_fp32_ops):
+            return
+        autocast = self.autocast_device.autocast_factory(config.autocast_bf16_ops, config.autocast_fp32_ops)()
+        if not isinstance(autocast, TorchFunctionMode):
+            return
+        if zero.get("memory_efficient_linear"):
+            raise GaudiArgumentError(
+                '--deepspeed: "memory_efficient_linear": true (ZeRO-3) cannot run with the Gaudi config\'s autocast op '
+                f"lists on {self.autocast_device.type}; remove that key or set it to false."
+            )
+        zero["memory_efficient_linear"] = False
 
     def _compile_flags(self) -> str:
         """The flags that turn compilation on, as the user wrote them."""

@@ -102,7 +102,7 @@ def _train_until_killed(out: str, conn, resume: bool) -> None:
         os._exit(1)
 
 
-def _wait_for(conn, kind: str, timeout: float = 60.0):
+def _wait_for(conn, kind: str, timeout: float = 180.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if conn.poll(max(0.0, deadline - time.monotonic())):
@@ -128,7 +128,8 @@ def kill_during_saves(out: Path, kills: int, seed: int) -> dict[str, int]:
         process.start()
         assert _wait_for(parent, "resumed")[1] == expected_step
         counts["resumed"] += newest is not None
-        for _ in range(rng.randint(0, 2)):  # let a few saves complete first
+        for _ in range(rng.randint(0 if newest is not None else 1, 2)):  # a few saves complete first (one at least
+            # on a fresh start: killed in its first save every time, the run would never get anywhere)
             _wait_for(parent, "saved")
         started = time.monotonic()
         _wait_for(parent, "save")
@@ -154,9 +155,9 @@ def kill_during_saves(out: Path, kills: int, seed: int) -> dict[str, int]:
 def test_sigkill_at_random_moments_of_saves_never_leaves_an_unusable_newest_checkpoint(tmp_path):
     counts = kill_during_saves(tmp_path / "run", kills=24, seed=0)
     print(f"kill test: {counts}")
-    assert counts["kills"] == 24 and counts["unusable_newest"] == 0
-    assert counts["during_save"] >= 12  # most kills land inside a save
-    assert counts["resumed"] >= 20
+    assert counts["kills"] == 24 and counts["unusable_newest"] == 0, counts
+    assert counts["during_save"] >= 12, counts  # most kills land inside a save
+    assert counts["resumed"] == 23, counts  # every round after the first resumed, from the newest complete one
     for checkpoint in list_checkpoints(tmp_path / "run"):  # not only the newest: every one is complete
         assert checkpoint_problem(checkpoint) is None, checkpoint
 

@@ -127,8 +127,9 @@ def test_use_mpi_without_mpirun_says_what_to_install(tmp_path, monkeypatch, caps
     assert "'mpirun'" in err and "Open MPI" in err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None, reason="DeepSpeed is installed here")
-def test_use_deepspeed_without_deepspeed_says_what_to_install(capsys, nothing_starts):
+def test_use_deepspeed_without_deepspeed_says_what_to_install(monkeypatch, capsys, nothing_starts):
+    real_find_spec = importlib.util.find_spec  # DeepSpeed is in the tests extra: hide it
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "deepspeed" else real_find_spec(n, *a))
     assert main(["launch", "--use_deepspeed", "--world_size", "2", str(ALLREDUCE)]) == 2
     err = one_error_line(capsys.readouterr().err)
     assert "pip install deepspeed" in err and "HabanaAI/DeepSpeed" in err

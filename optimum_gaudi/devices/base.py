@@ -72,7 +72,8 @@ class Device:
         if bf16_ops or fp32_ops:
             from ..precision import OpListAutocast
 
-            return lambda: OpListAutocast(bf16_ops, fp32_ops)
+            autocast = OpListAutocast(bf16_ops, fp32_ops, device_type=self.type)  # re-entrant: built once
+            return lambda: autocast
         return lambda: torch.autocast(device_type=self.type, dtype=torch.bfloat16)
 
     def wrap_for_training(self, model: torch.nn.Module, max_graphs: int | None) -> torch.nn.Module:

@@ -1,13 +1,46 @@
-"""NVIDIA GPU: eager execution, torch's fused AdamW, foreach clipping, torch.cuda memory API."""
+"""NVIDIA GPU: eager execution, torch's fused AdamW, foreach clipping, torch.cuda memory API.
+
+HPU Graphs' counterpart is CUDA graphs. The HPU-graph flags compile the model with torch.compile's
+``reduce-overhead`` mode, which records a CUDA graph per input shape and replays it, forward and backward
+(a short last batch records one more). Where a graph cannot be used (CPU tensors, dynamic shapes) torch
+runs the compiled code without one.
+"""
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 
 from .base import GB, Device
+
+logger = logging.getLogger(__name__)
+
+CUDA_GRAPH_COMPILE = {"backend": "inductor", "mode": "reduce-overhead", "dynamic": False}
+
+
+def compile_with_cuda_graphs(model: nn.Module) -> nn.Module:
+    """Compile `model`'s forward in place so that each input shape runs as a replayed CUDA graph.
+
+    Each call first marks a new graph iteration (the previous call's outputs may be overwritten from
+    then on), outside the compiled code, where torch's documentation asks for it.
+    """
+    if getattr(model.__dict__.get("forward"), "cuda_graphs", False):
+        return model  # already wrapped (the trainer restores the plain forward when it unwraps)
+    compiled = torch.compile(model.forward, **CUDA_GRAPH_COMPILE)
+
+    @functools.wraps(model.forward)  # keeps the signature the Trainer reads to select input columns
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args, **kwargs)
+
+    forward.cuda_graphs = True
+    model.forward = forward
+    return model
 
 
 class CUDADevice(Device):
@@ -17,8 +50,8 @@ class CUDADevice(Device):
         "use_habana": "no Gaudi here: runs on CUDA",
         "use_lazy_mode": "eager execution (no lazy graphs on CUDA)",
         "pipelining_fwd_bwd": "no-op",
-        "use_hpu_graphs_for_training": "no-op (capture CUDA graphs by hand with optimum_gaudi.graphs)",
-        "use_hpu_graphs_for_inference": "no-op (capture CUDA graphs by hand with optimum_gaudi.graphs)",
+        "use_hpu_graphs_for_training": "CUDA graphs: torch.compile(mode='reduce-overhead'), a graph per shape",
+        "use_hpu_graphs_for_inference": "CUDA graphs: torch.compile(mode='reduce-overhead'), a graph per shape",
         "use_fused_adam": "torch.optim.AdamW(fused=True)",
         "use_fused_clip_norm": "foreach clip_grad_norm_",
         "use_torch_autocast": "bf16 on exactly the config's op lists (torch.autocast('cuda') without lists)",
@@ -28,6 +61,16 @@ class CUDADevice(Device):
 
     def count(self) -> int:
         return torch.cuda.device_count()
+
+    def wrap_for_training(self, model: nn.Module, max_graphs: int | None) -> nn.Module:
+        if max_graphs is not None:
+            logger.warning("--max_hpu_graphs has no CUDA counterpart: torch's recompile limit bounds the graphs.")
+        return compile_with_cuda_graphs(model)
+
+    def wrap_for_inference(
+        self, model: nn.Module, disable_tensor_cache: bool, max_graphs: int | None = None
+    ) -> nn.Module:
+        return compile_with_cuda_graphs(model)
 
     def capture_graph(self, fn: Callable[..., Any], static_inputs: tuple) -> tuple[Any, Callable[[], None]]:
         side = torch.cuda.Stream()

@@ -363,7 +363,7 @@ def _how(exitcode: int) -> str:
 
 def describe_failure(plan: LaunchPlan, output: str, returncode: int) -> str:
     """One line naming the rank that failed first, read from the launcher's report at the end of ``output``."""
-    where = f"node {plan.node_rank}" if plan.per_node else "one of the nodes"
+    where = f"node {plan.node_rank}" if plan.per_node or plan.nnodes == 1 else "one of the nodes"
     if _PORT_IN_USE.search(output):  # taken between our check and the rendezvous, or on node 0 of several
         return f"port {plan.master_port} on {plan.master_addr} is already in use; choose another --master_port"
     if plan.backend == "torchrun":

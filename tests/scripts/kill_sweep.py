@@ -2,9 +2,10 @@
 
     python tests/scripts/kill_sweep.py --kills 30 [--workdir DIR] [--seed 0]
 
-Each round starts run_clm.py (tiny GPT-2, a checkpoint every step, ``--resume_from_checkpoint true`` once one
-exists), waits until a save is under way (its staging directory appears), sleeps a random part of a save's
-duration and kills the process with SIGKILL. After each kill the newest complete checkpoint (the one resume
+Each round starts run_clm.py (tiny GPT-2, a checkpoint every step, ``--save_total_limit 3``,
+``--resume_from_checkpoint true`` once one exists), waits until a save is under way (its staging directory
+appears), sleeps a random 0 to --max_delay seconds and kills the process with SIGKILL ("during a save": a
+staging directory exists at that moment). After each kill the newest complete checkpoint (the one resume
 picks) must load; the next round must resume from it and get as far as its own next save. Prints the counts
 as one JSON line: kills, kills during a save, unusable newest checkpoints, failed resumes.
 Slow (each round starts a Python with torch and transformers): the pytest version forks instead
@@ -50,6 +51,7 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=30)
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max_delay", type=float, default=0.5, help="seconds after a save begins, at most")
     opts = parser.parse_args()
     rng = random.Random(opts.seed)
     work = Path(opts.workdir or tempfile.mkdtemp(prefix="kill-sweep-"))
@@ -64,28 +66,21 @@ def main() -> None:
         "--output_dir", str(out),
     ]  # fmt: skip
     counts = {"kills": 0, "during_save": 0, "unusable_newest": 0, "failed_resumes": 0, "resumes": 0}
-    save_time = 0.1
     for _ in range(opts.kills):
         newest = latest_complete_checkpoint(out)
         command = base + (["--resume_from_checkpoint", "true"] if newest is not None else [])
         process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         before = {p.name for p in list_checkpoints(out)}
-        saves_to_skip, started = rng.randint(0, 2), None
-        while process.poll() is None:  # wait for a save to begin (after a few complete ones)
-            if any(out.glob(f"{STAGING_PREFIX}*")) if out.is_dir() else False:
-                started = time.monotonic()
-                if saves_to_skip == 0:
-                    break
-                while any(out.glob(f"{STAGING_PREFIX}*")) and process.poll() is None:
-                    time.sleep(0.002)
-                save_time = 0.8 * save_time + 0.2 * (time.monotonic() - started)
-                saves_to_skip -= 1
-            time.sleep(0.002)
+        to_publish = rng.randint(0 if newest is not None else 1, 2)  # a fresh start publishes one at least
+        while process.poll() is None and len({p.name for p in list_checkpoints(out)} - before) < to_publish:
+            time.sleep(0.01)
+        while process.poll() is None and not (out.is_dir() and any(out.glob(f"{STAGING_PREFIX}*"))):
+            time.sleep(0.002)  # until a save is under way
         if process.poll() is not None:
             counts["failed_resumes"] += 1
             print(process.stderr.read()[-2000:], file=sys.stderr)
             continue
-        time.sleep(rng.uniform(0, 1.2 * save_time))
+        time.sleep(rng.uniform(0, opts.max_delay))  # saves follow each other: later moments hit later saves
         during = any(out.glob(f"{STAGING_PREFIX}*"))
         process.send_signal(signal.SIGKILL)
         process.wait()
@@ -98,7 +93,7 @@ def main() -> None:
         newest = latest_complete_checkpoint(out)
         if newest is not None and not loadable(newest):
             counts["unusable_newest"] += 1
-    print(json.dumps({**counts, "save_seconds": round(save_time, 3), "workdir": str(work)}))
+    print(json.dumps({**counts, "workdir": str(work)}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,185 @@
+"""torch.compile with the Gaudi config's op lists, and regional compilation, against a hand-tuned Trainer.
+
+GPT-2 4x256 (vocab 8192, sequence 128, batch 8), every setup trained from the same weights on the same
+blocks, interleaved and repeated in one process:
+  trainer_fp32          transformers.Trainer, default arguments
+  hand_tuned            transformers.Trainer --bf16 --optim adamw_torch_fused
+  hand_tuned_compile    the same + --torch_compile
+  gaudi                 GaudiTrainer --gaudi_config_name gpt2 --bf16
+  gaudi_compile         the same + --torch_compile
+  gaudi_regional        the same + --torch_compile --use_regional_compilation
+Then a 12-layer GPT-2 of the same width, whole-model against regional compilation, with the compiler's
+caches off so that every run pays its full compile time. The CPU's bf16 matmul peak is measured in the same
+run, before and after, to state the share of it each setup reaches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from benchmarks.common import BLOCK_SIZE, gpt2, lm_data, markdown_table, median
+from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
+
+VOCAB, BATCH = 8192, 8
+SMALL = dict(n_layer=4, n_embd=256, n_head=4)
+DEEP = dict(n_layer=12, n_embd=256, n_head=4)
+TUNED = {"bf16": True, "optim": "adamw_torch_fused", "use_cpu": True}
+GAUDI = {"gaudi_config_name": "gpt2", "bf16": True}
+SETUPS = {
+    "trainer_fp32": (Trainer, TrainingArguments, {}),
+    "hand_tuned": (Trainer, TrainingArguments, TUNED),
+    "hand_tuned_compile": (Trainer, TrainingArguments, {**TUNED, "torch_compile": True}),
+    "gaudi": (GaudiTrainer, GaudiTrainingArguments, GAUDI),
+    "gaudi_compile": (GaudiTrainer, GaudiTrainingArguments, {**GAUDI, "torch_compile": True}),
+    "gaudi_regional": (
+        GaudiTrainer,
+        GaudiTrainingArguments,
+        {**GAUDI, "torch_compile": True, "use_regional_compilation": True},
+    ),
+}
+DEEP_SETUPS = ("gaudi_compile", "gaudi_regional")
+
+
+class Clock(TrainerCallback):
+    """Wall time to the end of the warm-up steps (compilation included) and per step after them."""
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup, self.begin, self.warm, self.end, self.steps = warmup, 0.0, 0.0, 0.0, 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.begin = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.perf_counter()
+        if state.global_step == self.warmup:
+            self.warm = now
+        elif state.global_step > self.warmup:
+            self.end, self.steps = now, state.global_step - self.warmup
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / (self.end - self.warm)
+
+    @property
+    def compile_seconds(self) -> float:
+        """Warm-up time beyond what the same steps take once compiled."""
+        return (self.warm - self.begin) - self.warmup / self.steps_per_second
+
+
+def step_flops(model_kwargs: dict) -> float:
+    """Matmul FLOPs of one training step (forward + backward = 3x forward): weights and attention."""
+    layers, width = model_kwargs["n_layer"], model_kwargs["n_embd"]
+    tokens = BATCH * BLOCK_SIZE
+    weights = layers * 12 * width * width + VOCAB * width  # blocks + tied output projection
+    attention = layers * 2 * BLOCK_SIZE * width  # QK^T and AV, per token
+    return 3 * 2 * tokens * (weights + attention)
+
+
+def bf16_matmul_peak(n: int = 1024, seconds: float = 2.0) -> float:
+    """Measured bf16 matmul FLOP/s of this CPU with the current torch threads (best of short bursts)."""
+    a, b = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        for _ in range(5):
+            a @ b
+        best = max(best, 5 * 2 * n**3 / (time.perf_counter() - start))
+    return best
+
+
+@contextlib.contextmanager
+def compiler_caches(enabled: bool):
+    """Turn inductor's and AOTAutograd's caches off, so a run pays its whole compile time."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    saved = (inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache)
+    inductor_config.fx_graph_cache = functorch_config.enable_autograd_cache = enabled
+    try:
+        yield
+    finally:
+        inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache = saved
+
+
+def run_once(setup: str, model_kwargs: dict, data, steps: int, warmup: int) -> tuple[float, float, float]:
+    """(steady steps/s, compile seconds, eval loss) of one fresh training run."""
+    trainer_cls, args_cls, extra = SETUPS[setup]
+    tokenizer, train, valid = data
+    torch._dynamo.reset()
+    clock = Clock(warmup)
+    with tempfile.TemporaryDirectory() as out:
+        args = args_cls(
+            output_dir=out, max_steps=steps, per_device_train_batch_size=BATCH, per_device_eval_batch_size=16,
+            learning_rate=1e-3, warmup_steps=5, seed=0, report_to=[], save_strategy="no", logging_strategy="no",
+            disable_tqdm=True, dataloader_pin_memory=False, **extra,
+        )  # fmt: skip
+        model = gpt2(tokenizer, **model_kwargs)
+        trainer = trainer_cls(model=model, args=args, train_dataset=train, eval_dataset=valid, callbacks=[clock])
+        trainer.train()
+        eval_loss = trainer.evaluate()["eval_loss"]
+    return clock.steps_per_second, clock.compile_seconds, eval_loss
+
+
+def _interleaved(setups, model_kwargs, data, repeats, steps, warmup, log, label):
+    results = {s: [] for s in setups}
+    for r in range(repeats):  # interleaved, so drift in machine speed hits every setup alike
+        for setup in setups:
+            sps, compile_s, loss = run_once(setup, model_kwargs, data, steps, warmup)
+            results[setup].append((sps, compile_s, loss))
+            log(f"  {label} {setup} run {r + 1}: {sps:.2f} steps/s, compile {compile_s:.1f} s, eval loss {loss:.4f}")
+    return {s: tuple(median([x[i] for x in v]) for i in range(3)) for s, v in results.items()}
+
+
+def run(repeats: int = 2, steps: int = 14, warmup: int = 3, deep_repeats: int = 1, log=print) -> tuple[str, dict]:
+    """Markdown sections and the medians {"small": {setup: (steps/s, compile s, loss)}, "deep": ..., "peak"}."""
+    data = lm_data(train_blocks=steps * BATCH, eval_blocks=64, vocab_size=VOCAB)
+    peaks = [bf16_matmul_peak()]
+    small = _interleaved(SETUPS, SMALL, data, repeats, steps, warmup, log, "4x256")
+    with compiler_caches(False):
+        deep = _interleaved(DEEP_SETUPS, DEEP, data, deep_repeats, warmup + 4, warmup, log, "12x256")
+    peaks.append(bf16_matmul_peak())
+    peak = median(peaks)
+
+    flops = step_flops(SMALL)
+    tuned, tuned_compile = small["hand_tuned"][0], small["hand_tuned_compile"][0]
+    rows = [
+        [
+            setup,
+            f"{sps:.2f}",
+            f"{sps / tuned:.2f}x",
+            f"{sps / tuned_compile:.2f}x",
+            f"{100 * sps * flops / peak:.0f}%",
+            f"{loss:.4f}",
+        ]  # fmt: skip
+        for setup, (sps, _, loss) in small.items()
+    ]
+    small_table = markdown_table(
+        ["setup", "steps/s (median)", "vs hand_tuned", "vs hand_tuned_compile", "share of bf16 peak",
+         f"eval loss after {steps} steps"],
+        rows,
+    )  # fmt: skip
+    deep_flops = step_flops(DEEP)
+    deep_rows = [
+        [setup, f"{compile_s:.0f}", f"{sps:.3f}", f"{100 * sps * deep_flops / peak:.0f}%", f"{loss:.4f}"]
+        for setup, (sps, compile_s, loss) in deep.items()
+    ]
+    deep_table = markdown_table(
+        ["setup", "compile time (s, median)", "steps/s (median)", "share of bf16 peak", "eval loss"], deep_rows
+    )
+    text = (
+        f"GPT-2 4x256, vocab {VOCAB}, sequence {BLOCK_SIZE}, batch {BATCH}: {flops / 1e9:.1f} GFLOP a step. "
+        f"This CPU's measured bf16 matmul peak in this run: {peak / 1e9:.0f} GFLOP/s. {repeats} runs each, "
+        f"{warmup} warm-up steps (compilation) left out, {steps - warmup} steps timed.\n\n{small_table}\n\n"
+        f"GPT-2 12x256 (same width and data, {deep_flops / 1e9:.1f} GFLOP a step), compiler caches off so "
+        f"each run compiles from scratch; compile time = warm-up time minus the same steps at steady speed; "
+        f"{deep_repeats} runs each.\n\n{deep_table}"
+    )
+    log(text)
+    return text, {"small": small, "deep": deep, "peak": peak}

@@ -1,0 +1,178 @@
+"""torch.compile controls Gaudi users know from Optimum Habana, doing the same job on every device.
+
+``--use_regional_compilation`` compiles the model's repeated block (a decoder layer) once and reuses it
+for every layer instead of tracing the whole model: compile time falls with the depth, speed stays.
+``--compile_dynamic`` and ``--cache_size_limit`` are torch.compile's ``dynamic`` and dynamo's cache limit;
+``--compile_from_sec_iteration`` runs the first step eagerly. Every graph torch.compile builds during
+training is counted, and a new input shape that causes one is named once in the log, so a user sees why
+a step was slow. The backend is the device's (``hpu_backend`` on a Gaudi, inductor elsewhere).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """What the training arguments ask of torch.compile."""
+
+    backend: str
+    mode: str | None = None
+    dynamic: bool | None = None
+    regional: bool = False
+    from_second_iteration: bool = False
+    cache_size_limit: int | None = None
+
+    @classmethod
+    def from_args(cls, args: Any) -> CompileOptions | None:
+        if not args.torch_compile:
+            return None
+        return cls(
+            backend=args.torch_compile_backend,
+            mode=args.torch_compile_mode,
+            dynamic=args.compile_dynamic,
+            regional=args.use_regional_compilation,
+            from_second_iteration=args.compile_from_sec_iteration,
+            cache_size_limit=args.cache_size_limit,
+        )
+
+    def compile_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"backend": self.backend, "dynamic": self.dynamic}
+        if self.mode is not None:
+            kwargs["mode"] = self.mode
+        return kwargs
+
+    def dynamo_plugin(self):
+        """accelerate's compile settings: the whole model, or nothing when we compile the blocks ourselves."""
+        from accelerate.utils import TorchDynamoPlugin
+
+        if self.regional:
+            return TorchDynamoPlugin(backend="no")
+        return TorchDynamoPlugin(backend=self.backend, mode=self.mode, dynamic=self.dynamic)
+
+    def apply_limits(self) -> None:
+        if self.cache_size_limit is not None:
+            set_cache_size_limit(self.cache_size_limit)
+
+    def step_context(self, first_iteration: bool) -> contextlib.AbstractContextManager:
+        """Eager for the first training iteration when asked to compile from the second one."""
+        if self.from_second_iteration and first_iteration:
+            return torch.compiler.set_stance("force_eager")
+        return contextlib.nullcontext()
+
+
+def check_compile_flags(args: Any) -> None:
+    """Warn about compile flags that cannot act, and about compilation counted in the throughput."""
+    flags = ("use_regional_compilation", "compile_dynamic", "compile_from_sec_iteration", "cache_size_limit")
+    given = [f"--{f}" for f in flags if getattr(args, f) not in (None, False)]
+    if given and not (args.torch_compile or args.torch_compile_backend or args.torch_compile_mode):
+        logger.warning("%s only act with --torch_compile; they are ignored.", ", ".join(given))
+        return
+    compiling_steps = 2 if args.compile_from_sec_iteration else 1
+    if args.torch_compile and args.throughput_warmup_steps < compiling_steps:
+        logger.warning(
+            "--torch_compile compiles during the first %d step(s); --throughput_warmup_steps %d leaves them "
+            "out of the throughput.",
+            compiling_steps,
+            compiling_steps,
+        )
+
+
+def set_cache_size_limit(limit: int) -> None:
+    """Most graphs dynamo keeps per function before it falls back to eager (process-wide)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, limit)
+
+
+def repeated_blocks(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
+    """The model's largest list of same-class blocks (e.g. ``transformer.h``), by parameter count."""
+    best, best_size = None, 0
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or len(module) < 2:
+            continue
+        if len({type(block) for block in module}) != 1:
+            continue
+        size = sum(p.numel() for p in module.parameters())
+        if size > best_size:
+            best, best_size = (name, module), size
+    return best
+
+
+def compile_regions(model: nn.Module, **compile_kwargs: Any) -> str | None:
+    """Compile each repeated block in place (``nn.Module.compile``): same parameters, same state_dict keys.
+
+    The blocks share their code, so torch.compile builds one graph and reuses it for every block. Returns
+    the name of the compiled list, or None when the model has no repeated blocks (nothing compiled).
+    """
+    found = repeated_blocks(model)
+    if found is None:
+        return None
+    name, blocks = found
+    for block in blocks:
+        block.compile(**compile_kwargs)
+    config = getattr(model, "config", None)
+    if getattr(config, "use_cache", False):
+        # A KV cache object passed through every block makes each block's guards differ (one graph per
+        # layer); training never reads the cache, so it is switched off.
+        config.use_cache = False
+        logger.warning("Regional compilation: set model.config.use_cache=False (one graph for all blocks).")
+    return name
+
+
+def pin_loss_function(model: nn.Module) -> None:
+    """Resolve transformers' ``loss_function`` once, eagerly: its one-time warning, when it runs inside a
+    compiled forward, is a graph break on every step."""
+    if isinstance(getattr(type(model), "loss_function", None), property) and not hasattr(model, "_loss_function"):
+        with contextlib.suppress(AttributeError, KeyError):
+            model.loss_function = model.loss_function
+
+
+def _graphs_built() -> int:
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+def _shapes(inputs: Any) -> str:
+    if not isinstance(inputs, dict):
+        return "?"
+    shapes = [f"{k}={tuple(v.shape)}" for k, v in inputs.items() if isinstance(v, torch.Tensor)]
+    return ", ".join(shapes) or "?"
+
+
+class CompilationLog:
+    """Counts the graphs torch.compile builds during training and names, once, each new input shape that
+    made it build one."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+        self._reported: set[str] = set()
+
+    @contextlib.contextmanager
+    def watch(self, inputs: Any, step: int) -> Iterator[None]:
+        before = _graphs_built()
+        yield
+        new = _graphs_built() - before
+        if new <= 0:
+            return
+        self.graphs += new
+        shapes = _shapes(inputs)
+        if shapes not in self._reported:
+            self._reported.add(shapes)
+            logger.warning(
+                "torch.compile built %d graph(s) at step %d for input shapes %s (%d so far); each new shape "
+                "compiles again: pad to fixed shapes or pass --compile_dynamic.",
+                new,
+                step,
+                shapes,
+                self.graphs,
+            )
