@@ -13,7 +13,6 @@ import os
 from dataclasses import dataclass, field, fields
 
 import torch
-from torch.overrides import TorchFunctionMode
 from transformers import TrainingArguments
 
 from .compilation import check_compile_flags
@@ -246,7 +245,7 @@ class GaudiTrainingArgumentsMixin:
         if zero.get("stage") != 3 or config is None or not (config.autocast_bf16_ops or config.autocast_fp32_ops):
             return
         autocast = self.autocast_device.autocast_factory(config.autocast_bf16_ops, config.autocast_fp32_ops)()
-        if not isinstance(autocast, TorchFunctionMode):
+        if isinstance(autocast, torch.autocast):  # DeepSpeed's backward re-enters it
             return
         if zero.get("memory_efficient_linear"):
             raise GaudiArgumentError(
