@@ -92,6 +92,7 @@ def _train_until_killed(out: str, conn, resume: bool) -> None:
 
     def reported_save(model, trial):
         conn.send(("save", trainer.state.global_step))
+        conn.recv()  # the parent's go: it then knows the save starts now, wherever the child's messages stand
         save(model, trial)
         conn.send(("saved", trainer.state.global_step))
 
@@ -110,6 +111,8 @@ def _wait_for(conn, kind: str, timeout: float = 180.0):
             message = conn.recv()
             if message[0] == "failed":
                 pytest.fail(f"the training process failed: {message[1]}")
+            if message[0] == "save":
+                conn.send("go")  # the child waits for it before saving
             if message[0] == kind:
                 return message
     pytest.fail(f"no '{kind}' from the training process in {timeout} s")
@@ -133,9 +136,9 @@ def kill_during_saves(out: Path, kills: int, seed: int) -> dict[str, int]:
         for _ in range(rng.randint(0 if newest is not None else 1, 2)):  # a few saves complete first (one at least
             # on a fresh start: killed in its first save every time, the run would never get anywhere)
             _wait_for(parent, "saved")
-        started = time.monotonic()
         _wait_for(parent, "save")
-        time.sleep(rng.uniform(0, 1.3 * save_time))
+        started = time.monotonic()  # the save's own duration feeds the estimate, not the step before it
+        time.sleep(rng.uniform(0, save_time))
         os.kill(process.pid, signal.SIGKILL)
         process.join()
         counts["kills"] += 1
@@ -158,7 +161,7 @@ def test_sigkill_at_random_moments_of_saves_never_leaves_an_unusable_newest_chec
     counts = kill_during_saves(tmp_path / "run", kills=24, seed=0)
     print(f"kill test: {counts}")
     assert counts["kills"] == 24 and counts["unusable_newest"] == 0, counts
-    assert counts["during_save"] >= 4, counts  # kills land inside saves (how many depends on the machine's load)
+    assert counts["during_save"] >= 6, counts  # a quarter of the kills at least land inside a save
     assert counts["resumed"] == 23, counts  # every round after the first resumed, from the newest complete one
     for checkpoint in list_checkpoints(tmp_path / "run"):  # not only the newest: every one is complete
         assert checkpoint_problem(checkpoint) is None, checkpoint
