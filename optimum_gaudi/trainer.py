@@ -301,7 +301,9 @@ class GaudiTrainerMixin(TrainerShims):
     def prediction_step(
         self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys=None, **kwargs: Any
     ):
-        with self._compilation_log.watch(inputs, self.state.global_step):
+        with contextlib.ExitStack() as stack:
+            if self._compile is not None:
+                stack.enter_context(self._compilation_log.watch(inputs, self.state.global_step))
             outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **kwargs)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # run the queued evaluation graph before the next batch
