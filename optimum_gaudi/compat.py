@@ -86,7 +86,13 @@ class _ClipGradNormHook:
         def clip_grad_norm_(parameters, max_norm, *args: Any, **kwargs: Any):
             if args or kwargs or max_norm != self.args.max_grad_norm:  # not the training loop's clipping
                 return accelerate_clip(parameters, max_norm, *args, **kwargs)
-            return self._clip_grad_norm(_Parameters(parameters))
+            # The same wrapper while the parameters stay the same, so the trainer keeps its built clipper (the
+            # wrapper holds the parameters, so their ids cannot be reused while it is compared).
+            params = list(parameters)
+            held = getattr(self, "_clip_parameters", None)
+            if held is None or list(map(id, held.parameters())) != list(map(id, params)):
+                self._clip_parameters = held = _Parameters(params)
+            return self._clip_grad_norm(held)
 
         self.accelerator.clip_grad_norm_ = clip_grad_norm_
 

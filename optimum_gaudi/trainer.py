@@ -11,6 +11,7 @@ import functools
 import inspect
 import logging
 import os
+import weakref
 from typing import Any
 
 import torch
@@ -126,7 +127,7 @@ class GaudiTrainerMixin(TrainerShims):
         self._graph_wrapped: set[tuple[bool, int]] = set()
         self._said_no_eval_graphs = False
         self._inference_wrapped: tuple[nn.Module, Any] | None = None  # (model, its forward before the graph)
-        self._grad_clipper: tuple[int, float, Any] | None = None  # (id of the model, max_norm, clipper)
+        self._grad_clipper: tuple[weakref.ref, float, Any] | None = None  # (the model, max_norm, clipper)
         self.gaudi_device.set_dynamic_shapes(self.gaudi_config.use_dynamic_shapes)
         self._compile = CompileOptions.from_args(args)
         self._compilation_log = CompilationLog()
@@ -334,9 +335,12 @@ class GaudiTrainerMixin(TrainerShims):
             return super()._clip_grad_norm(model)
         self.accelerator.unscale_gradients()
         max_norm = self.args.max_grad_norm
-        if self._grad_clipper is None or self._grad_clipper[:2] != (id(model), max_norm):
-            self._grad_clipper = (id(model), max_norm, self.gaudi_device.grad_clipper(model.parameters(), max_norm))
-        return self._grad_clipper[2]()
+        cached = self._grad_clipper
+        if cached is None or cached[0]() is not model or cached[1] != max_norm:
+            # a weak reference, not id(): a new model (model_init, hyperparameter search) may reuse a freed id
+            cached = (weakref.ref(model), max_norm, self.gaudi_device.grad_clipper(model.parameters(), max_norm))
+            self._grad_clipper = cached
+        return cached[2]()
 
     # ---- checkpoints --------------------------------------------------------------------------------
 

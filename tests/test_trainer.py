@@ -109,3 +109,21 @@ def test_the_run_log_records_the_feature_table_and_every_gaudi_flag(tiny_gpt2, t
     assert "use_lazy_mode                 on" in record
     for flag, value in args.gaudi_flags().items():
         assert f"{flag}={value}" in record
+
+
+def test_fused_clip_follows_a_replaced_model(tiny_gpt2, tmp_path):
+    """The built clipper is kept per model object: a new model (model_init, hyperparameter search) gets its own
+    and has its own gradients clipped. (The clipper was keyed by id(model), which a new model may reuse once the
+    old one is freed; this test cannot force CPython to reuse the id, so it checks the behaviour, not the reuse.)"""
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), report_to="none", max_grad_norm=1e-3)
+    trainer = GaudiTrainer(model=tiny_gpt2(), args=args, gaudi_config=GaudiConfig(use_fused_clip_norm=True))
+    for seed in (0, 1):
+        model = tiny_gpt2(seed)
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        norm = trainer._clip_grad_norm(model)
+        expected = torch.sqrt(sum(torch.tensor(float(p.numel())) for p in model.parameters()))
+        assert torch.allclose(norm, expected)
+        clipped = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters()))
+        assert clipped == pytest.approx(1e-3, rel=1e-3)  # this model's gradients were clipped
+        del model
