@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from datasets import Dataset
 from safetensors.torch import load_file
 
 from optimum_gaudi.data import default_corpus_texts, default_datasets
@@ -185,6 +186,27 @@ def test_run_mlm_line_by_line_makes_one_example_per_line(env, tmp_path, monkeypa
     lines = [line for text in default_datasets(0.05, seed=42)["train"]["text"] for line in text.splitlines()]
     expected = sum(1 for line in lines if line.strip())
     assert json.loads((out / "train_results.json").read_text())["train_samples"] == expected
+
+
+def test_run_mlm_reads_the_column_named_by_text_column_name(tmp_path, monkeypatch, cache, capsys):
+    monkeypatch.setenv("OPTIMUM_GAUDI_CACHE", str(cache))
+    notes = tmp_path / "notes.jsonl"
+    texts = default_corpus_texts()[:40]
+    notes.write_text("".join(json.dumps({"id": i, "body": text}) + "\n" for i, text in enumerate(texts)))
+    module = load_script("run_mlm")
+    argv = ["--train_file", str(notes), "--do_train", "--max_steps", "1", "--per_device_train_batch_size", "2",
+            "--max_seq_length", "16", "--line_by_line", *QUIET]  # fmt: skip
+    assert call_main(module.main, [*argv, "--output_dir", str(tmp_path / "guess")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"error: {notes} has no column 'text' (its columns: id, body); name the text column with --text_column_name."
+    )
+    assert not (tmp_path / "guess").exists()  # the first column (an id) is not silently trained on
+
+    metrics = module.main([*argv, "--text_column_name", "body", "--output_dir", str(tmp_path / "body")])
+    held_out = Dataset.from_dict({"body": texts}).train_test_split(test_size=0.05, seed=42)  # as run_clm splits
+    lines = [line for text in held_out["train"]["body"] for line in text.splitlines() if line.strip()]
+    assert metrics["train_samples"] == len(lines)  # one example per line of the body texts
 
 
 # ---- 3. LoRA -----------------------------------------------------------------------------------------------

@@ -259,12 +259,16 @@ def _with_validation_split(raw: DatasetDict, percentage: int, seed: int) -> Data
     return DatasetDict(train=split["train"], validation=split["test"])
 
 
-def load_raw_datasets(data_args: DataTrainingArguments, model_args: ModelArguments, seed: int) -> DatasetDict:
-    """Train/validation texts from a dataset, local files, or the embedded default corpus."""
+def load_raw_datasets(
+    data_args: DataTrainingArguments, model_args: ModelArguments, seed: int
+) -> tuple[DatasetDict, str]:
+    """Train/validation texts from a dataset, local files, or the embedded default corpus, and the column
+    holding the text (checked before the split, so a wrong column is the error a user sees first)."""
     if data_args.uses_default_corpus:
         if data_args.validation_split_percentage == 0:
             raise UsageError("the embedded corpus needs --validation_split_percentage > 0.")
-        return default_datasets(validation_fraction=data_args.validation_split_percentage / 100, seed=seed)
+        raw = default_datasets(validation_fraction=data_args.validation_split_percentage / 100, seed=seed)
+        return raw, _text_column(raw, data_args)
     if data_args.dataset_name:
         raw = _from_pretrained(
             load_dataset,
@@ -293,8 +297,14 @@ def load_raw_datasets(data_args: DataTrainingArguments, model_args: ModelArgumen
             raise UsageError(f"cannot read {', '.join(files.values())} as {builder}: {reason}") from None
     if "train" not in raw:
         raise UsageError(f"the dataset has no 'train' split (it has: {', '.join(raw)}).")
-    find_text_column(raw, data_args.text_column_name, data_args.train_file or data_args.dataset_name)
-    return _with_validation_split(raw, data_args.validation_split_percentage, seed)
+    column = _text_column(raw, data_args)
+    return _with_validation_split(raw, data_args.validation_split_percentage, seed), column
+
+
+def _text_column(raw: DatasetDict, data_args: DataTrainingArguments) -> str:
+    """--text_column_name, or ``text``; one line naming the columns there are when the data has neither."""
+    source = data_args.train_file or data_args.dataset_name or "the embedded corpus"
+    return find_text_column(raw, data_args.text_column_name, source)
 
 
 def load_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
@@ -439,10 +449,8 @@ def build_trainer(
     check_hub_names(model_args, data_args)
     logger.info("Device: %s", training_args.gaudi_device.describe())
     set_seed(training_args.seed)  # before the model is built: a new model's weights depend on it
-    raw = load_raw_datasets(data_args, model_args, training_args.seed)
+    raw, column = load_raw_datasets(data_args, model_args, training_args.seed)
     logger.info("Texts: %s", {split: len(texts) for split, texts in raw.items()})
-    source = data_args.train_file or data_args.dataset_name or "the embedded corpus"
-    text_column = find_text_column(raw, data_args.text_column_name, source)
     if training_args.do_eval and "validation" not in raw:
         raise UsageError("--do_eval needs validation data: --validation_file or --validation_split_percentage > 0.")
     tokenizer = load_tokenizer(model_args)
@@ -458,7 +466,7 @@ def build_trainer(
             raw,
             tokenizer,
             block_size,
-            text_column=text_column,
+            text_column=column,
             num_proc=data_args.preprocessing_num_workers,
             load_from_cache_file=not data_args.overwrite_cache,
         )

@@ -88,9 +88,10 @@ def load_mlm_tokenizer(model_args: ModelArguments) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def lines_dataset(raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, data_args, max_length: int) -> DatasetDict:
-    """--line_by_line: one example per non-empty line, truncated (and padded) to `max_length`."""
-    column = "text" if "text" in raw["train"].column_names else raw["train"].column_names[0]
+def lines_dataset(
+    raw: DatasetDict, column: str, tokenizer: PreTrainedTokenizerBase, data_args, max_length: int
+) -> DatasetDict:
+    """--line_by_line: one example per non-empty line of `column`, truncated (and padded) to `max_length`."""
     padding = "max_length" if data_args.pad_to_max_length else False
 
     def tokenize(batch: dict[str, list]) -> dict[str, Any]:
@@ -150,7 +151,7 @@ def build_trainer(
     run_clm.check_hub_names(model_args, data_args)
     logger.info("Device: %s", training_args.gaudi_device.describe())
     set_seed(training_args.seed)
-    raw = run_clm.load_raw_datasets(data_args, model_args, training_args.seed)
+    raw, column = run_clm.load_raw_datasets(data_args, model_args, training_args.seed)
     if training_args.do_eval and "validation" not in raw:
         raise UsageError("--do_eval needs validation data: --validation_file or --validation_split_percentage > 0.")
     tokenizer = load_mlm_tokenizer(model_args)
@@ -160,12 +161,13 @@ def build_trainer(
 
     with training_args.main_process_first(desc="tokenizing"):
         if data_args.line_by_line:
-            examples = lines_dataset(raw, tokenizer, data_args, block_size)
+            examples = lines_dataset(raw, column, tokenizer, data_args, block_size)
         else:
             examples = tokenize_and_group(
                 raw,
                 tokenizer,
                 block_size,
+                text_column=column,
                 num_proc=data_args.preprocessing_num_workers,
                 load_from_cache_file=not data_args.overwrite_cache,
             ).remove_columns("labels")  # the collator makes the MLM labels
