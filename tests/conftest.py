@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tiny
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -17,23 +18,14 @@ torch.set_num_threads(1)
 
 @pytest.fixture
 def tiny_lm_data():
-    """64 random 16-token sequences over a 100-token vocabulary, labels = inputs."""
-    g = torch.Generator().manual_seed(0)
-    rows = [torch.randint(0, 100, (16,), generator=g).tolist() for _ in range(64)]
-    return [{"input_ids": r, "labels": r} for r in rows]
+    """tiny.lm_data(): 64 random 16-token sequences over a 100-token vocabulary, labels = inputs."""
+    return tiny.lm_data()
 
 
 @pytest.fixture
 def tiny_gpt2():
-    """A factory so each trainer gets the same freshly initialised weights."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    def make(seed: int = 0, **overrides):
-        torch.manual_seed(seed)
-        config = dict(vocab_size=100, n_layer=1, n_embd=32, n_head=2, n_positions=16, **overrides)
-        return GPT2LMHeadModel(GPT2Config(**config))
-
-    return make
+    """tiny.gpt2, a factory so each trainer gets the same freshly initialised weights."""
+    return tiny.gpt2
 
 
 FAKES = str(Path(__file__).parent / "fakes")

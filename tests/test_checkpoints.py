@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 import safetensors.torch
+import tiny
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
+from transformers import TrainerCallback
 from transformers.trainer_callback import TrainerState
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
@@ -41,25 +42,13 @@ from optimum_gaudi.checkpoints import (
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
-def tiny_model() -> GPT2LMHeadModel:
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=100, n_layer=1, n_embd=32, n_head=2, n_positions=16))
-
-
-def tiny_data() -> list[dict]:
-    g = torch.Generator().manual_seed(0)
-    rows = [torch.randint(0, 100, (16,), generator=g).tolist() for _ in range(64)]
-    return [{"input_ids": r, "labels": r} for r in rows]
-
-
 def make_trainer(out: Path, callbacks=(), eval_dataset=None, **flags) -> GaudiTrainer:
     args = GaudiTrainingArguments(
         output_dir=str(out), per_device_train_batch_size=4, learning_rate=1e-3, report_to="none",
         disable_tqdm=True, logging_steps=1, seed=0, **{"save_strategy": "steps", "save_steps": 1, **flags},
     )  # fmt: skip
-    data = tiny_data()
     return GaudiTrainer(
-        model=tiny_model(), args=args, train_dataset=data, eval_dataset=eval_dataset, callbacks=list(callbacks)
+        model=tiny.gpt2(), args=args, train_dataset=tiny.lm_data(), eval_dataset=eval_dataset, callbacks=list(callbacks)
     )
 
 
@@ -236,7 +225,7 @@ def test_save_total_limit_during_training(tmp_path):
 
 def test_best_model_checkpoint_names_the_published_directory(tmp_path):
     trainer = make_trainer(
-        tmp_path / "run", eval_dataset=tiny_data()[:8], max_steps=3, eval_strategy="steps", eval_steps=1,
+        tmp_path / "run", eval_dataset=tiny.lm_data()[:8], max_steps=3, eval_strategy="steps", eval_steps=1,
         metric_for_best_model="loss", load_best_model_at_end=True,
     )  # fmt: skip
     trainer.train()

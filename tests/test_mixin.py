@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, fields
 import pytest
 import torch
 from accelerate.state import AcceleratorState
+from tiny import losses
 from transformers import Trainer, TrainingArguments
 
 from optimum_gaudi import (
@@ -51,11 +52,6 @@ class MyArguments(TrainingArguments):
 @dataclass
 class GaudiMyArguments(GaudiTrainingArgumentsMixin, MyArguments):
     pass
-
-
-def losses(trainer):
-    trainer.train()
-    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
 
 def test_user_subclass_made_gaudi_in_one_line_equals_its_parent(tiny_gpt2, tiny_lm_data, tmp_path):

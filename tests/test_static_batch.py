@@ -9,8 +9,9 @@ import logging
 
 import pytest
 import torch
+from tiny import NO_DROPOUT, gpt2_config
 from torch import nn
-from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
+from transformers import GPT2ForSequenceClassification, GPT2LMHeadModel
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.batching import StaticRows, cut_rows, pad_rows
@@ -43,9 +44,8 @@ class PlainRegressor(nn.Module):
 
 
 def config(**overrides):
-    base = dict(vocab_size=100, n_layer=1, n_embd=32, n_head=2, n_positions=LENGTH, pad_token_id=0)
     # dropout off: a padded batch draws masks of another shape, so equality could only hold in distribution
-    return GPT2Config(**base, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **overrides)
+    return gpt2_config(n_positions=LENGTH, pad_token_id=0, **NO_DROPOUT, **overrides)
 
 
 def data(task):

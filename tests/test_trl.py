@@ -9,6 +9,7 @@ import torch
 trl = pytest.importorskip("trl")
 
 from datasets import Dataset  # noqa: E402
+from tiny import losses  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer  # noqa: E402
 
@@ -46,11 +47,6 @@ def tiny_lm(tokenizer):
         return GPT2LMHeadModel(config)
 
     return make
-
-
-def losses(trainer):
-    trainer.train()
-    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
 
 def test_trl_classes_are_the_mixins_on_the_installed_trl():

@@ -17,10 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser, TrainerCallback
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for tiny.py
 
-from optimum_gaudi import GaudiConfig, GaudiTrainer, GaudiTrainingArguments
+import tiny  # noqa: E402
+import torch  # noqa: E402
+from transformers import HfArgumentParser, TrainerCallback  # noqa: E402
+
+from optimum_gaudi import GaudiConfig, GaudiTrainer, GaudiTrainingArguments  # noqa: E402
 
 SAVED_BY_RANK: list[str] = []  # the gaudi_config.json files this rank wrote
 
@@ -43,13 +46,6 @@ class CountSteps(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.steps += 1
-
-
-def tiny_gpt2() -> GPT2LMHeadModel:
-    torch.manual_seed(0)
-    config = GPT2Config(vocab_size=100, n_layer=1, n_embd=32, n_head=2, n_positions=16)
-    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
-    return GPT2LMHeadModel(config)
 
 
 def tiny_data() -> list[dict]:
@@ -93,7 +89,7 @@ def main() -> None:
         name = run["name"]
         argv = ["--output_dir", str(out / name), *common, *run.get("args", [])]
         (args,) = HfArgumentParser(GaudiTrainingArguments).parse_args_into_dataclasses(argv)
-        trainer = GaudiTrainer(model=tiny_gpt2(), args=args, train_dataset=tiny_data())
+        trainer = GaudiTrainer(model=tiny.gpt2(**tiny.NO_DROPOUT), args=args, train_dataset=tiny_data())
         counter = CountSteps()
         trainer.add_callback(counter)
         SAVED_BY_RANK.clear()

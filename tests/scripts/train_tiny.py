@@ -6,28 +6,24 @@ Used by the distributed tests under torchrun: `train_tiny.py OUT.json [GaudiTrai
 import json
 import os
 import sys
+from pathlib import Path
 
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for tiny.py
 
-from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
+import tiny  # noqa: E402
+import torch  # noqa: E402
+from transformers import HfArgumentParser  # noqa: E402
+
+from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments  # noqa: E402
 
 
 def main() -> None:
     out, argv = sys.argv[1], sys.argv[2:]
     (args,) = HfArgumentParser(GaudiTrainingArguments).parse_args_into_dataclasses(argv)
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    config = GPT2Config(vocab_size=100, n_layer=1, n_embd=32, n_head=2, n_positions=16)
-    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
-    model = GPT2LMHeadModel(config)
-    g = torch.Generator().manual_seed(0)
-    rows = [torch.randint(0, 100, (16,), generator=g).tolist() for _ in range(64)]
-    data = [{"input_ids": r, "labels": r} for r in rows]
-    trainer = GaudiTrainer(model=model, args=args, train_dataset=data)
-    trainer.train()
+    trainer = GaudiTrainer(model=tiny.gpt2(**tiny.NO_DROPOUT), args=args, train_dataset=tiny.lm_data())
+    losses = tiny.losses(trainer)
     if trainer.is_world_process_zero():
-        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         with open(out, "w") as f:
             json.dump({"losses": losses, "world_size": args.world_size}, f)
     if torch.distributed.is_initialized():
