@@ -295,6 +295,18 @@ def test_fused_clip_norm_is_built_once_and_returns_torchs_norm(bridge, tmp_path,
     assert norm.shape == () and norm.dtype == torch.float32
 
 
+def test_fused_clip_norm_clips_a_parameter_frozen_when_it_was_built(bridge):
+    model = torch.nn.Linear(2, 2)
+    model.bias.requires_grad_(False)
+    clip = HPUDevice().grad_clipper(model.parameters(), max_norm=1.0)
+    model.bias.requires_grad_(True)  # unfrozen after the clipper was built (a later training phase)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 3.0)
+    norm = clip()
+    torch.testing.assert_close(norm, torch.tensor(54.0).sqrt())  # 4 weight + 2 bias gradients of 3
+    assert float(torch.cat([p.grad.flatten() for p in model.parameters()]).norm()) == pytest.approx(1.0, abs=1e-4)
+
+
 # ---- 10. use_dynamic_shapes reaches the bridge -----------------------------------------------------------------
 
 

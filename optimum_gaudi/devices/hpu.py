@@ -181,10 +181,12 @@ class HPUDevice(Device):
 
     def grad_clipper(self, parameters: Iterable[torch.nn.Parameter], max_norm: float) -> Callable[[], torch.Tensor]:
         """One FusedClipNorm (it copies max_norm to the device when built) for these parameters; each call
-        clips and returns the pre-clip norm as a scalar tensor, as torch's clip_grad_norm_ does."""
+        clips and returns the pre-clip norm as a scalar tensor, as torch's clip_grad_norm_ does. All of them
+        are kept, as the base clipper does: clip_norm skips those without a gradient at each call
+        (``hpex/normalization/FusedClipNorm.py``), so a parameter unfrozen later is still clipped."""
         from habana_frameworks.torch.hpex.normalization import FusedClipNorm
 
-        params = [p for p in parameters if p.requires_grad]
+        params = list(parameters)
         clipper = FusedClipNorm(params, max_norm)
         return lambda: clipper.clip_norm(params).reshape(())
 
