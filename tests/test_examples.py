@@ -104,6 +104,20 @@ def test_help_lists_the_familiar_and_the_gaudi_flags(script, capsys):
     assert not missing, missing
 
 
+@pytest.mark.parametrize("script", ["run_glue", "run_mlm", "run_lora_clm", "run_summarization"])
+def test_a_rerun_into_another_runs_checkpoints_is_refused_in_one_line(script, tmp_path, capsys):
+    out = tmp_path / "out"
+    (out / "checkpoint-3").mkdir(parents=True)
+    module = load_script(script)
+    assert call_main(module.main, ["--do_train", "--output_dir", str(out), *QUIET]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"error: --output_dir {out} already holds checkpoints of a run (checkpoint-3): add --resume_from_checkpoint "
+        "true to continue it, or --overwrite_output_dir to start over (its checkpoints are deleted)."
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-3"]
+
+
 # ---- embedded tasks ----------------------------------------------------------------------------------------
 
 

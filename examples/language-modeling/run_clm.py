@@ -40,13 +40,14 @@ from transformers import (
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
+    TrainingArguments,
     default_data_collator,
     set_seed,
 )
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
-from optimum_gaudi.checkpoints import OutputDirGuard, check_output_dir, disk_full_is_user_error, resume_arg
+from optimum_gaudi.checkpoints import OutputDirGuard, check_output_dir, disk_full_is_user_error
 from optimum_gaudi.data import (
     check_text_file,
     default_datasets,
@@ -492,23 +493,31 @@ def _take(blocks: DatasetDict, split: str, limit: int | None, block_size: int) -
     return dataset.select(range(min(limit, len(dataset)))) if limit is not None else dataset
 
 
+def evaluate_samples(trainer: GaudiTrainer, prefix: str = "eval") -> dict[str, float]:
+    """trainer.evaluate() plus the number of evaluation examples: the `evaluate` of the examples that
+    report their own metrics (accuracy, ROUGE) through compute_metrics."""
+    return {**trainer.evaluate(metric_key_prefix=prefix), f"{prefix}_samples": len(trainer.eval_dataset)}
+
+
 def evaluate_perplexity(trainer: GaudiTrainer, prefix: str = "eval") -> dict[str, float]:
-    """trainer.evaluate() plus ``perplexity`` = exp(eval loss) and the number of evaluation blocks."""
-    metrics = trainer.evaluate(metric_key_prefix=prefix)
+    """:func:`evaluate_samples` plus ``perplexity`` = exp(eval loss)."""
+    metrics = evaluate_samples(trainer, prefix)
     try:
         metrics["perplexity"] = math.exp(metrics[f"{prefix}_loss"])
     except OverflowError:
         metrics["perplexity"] = float("inf")
-    metrics[f"{prefix}_samples"] = len(trainer.eval_dataset)
     return metrics
 
 
-def train_and_evaluate(trainer: GaudiTrainer) -> dict[str, float]:
-    """Train and/or evaluate as the arguments ask; save model, tokenizer, Gaudi config, metrics and state."""
+def train_and_evaluate(
+    trainer: GaudiTrainer, evaluate: Callable[[GaudiTrainer], dict[str, float]] = evaluate_perplexity
+) -> dict[str, float]:
+    """Train and/or evaluate (with `evaluate`) as the arguments ask; save model, tokenizer, Gaudi config,
+    metrics and state. Every example shares it, so they all save, log and resume alike."""
     args = trainer.args
     metrics: dict[str, float] = {}
     if args.do_train:
-        result = trainer.train(resume_from_checkpoint=resume_arg(args.resume_from_checkpoint))
+        result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)  # train() resolves 'true'
         with disk_full_is_user_error(args.output_dir, "the trained model"):
             trainer.save_model()  # also the tokenizer and gaudi_config.json
         train_metrics = {**result.metrics, "train_samples": len(trainer.train_dataset)}
@@ -517,7 +526,7 @@ def train_and_evaluate(trainer: GaudiTrainer) -> dict[str, float]:
         trainer.save_state()
         metrics.update(train_metrics)
     if args.do_eval:
-        eval_metrics = evaluate_perplexity(trainer)
+        eval_metrics = evaluate(trainer)
         trainer.log_metrics("eval", eval_metrics)
         trainer.save_metrics("eval", eval_metrics)
         metrics.update(eval_metrics)
@@ -538,15 +547,29 @@ def setup_logging(training_args: GaudiTrainingArguments) -> None:
     transformers.utils.logging.enable_explicit_format()
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    """Parse, check, build, train and evaluate; raises UserError (one line) for anything the user can fix."""
-    model_args, data_args, training_args = parse_args(argv)
+def run_example(
+    argv: list[str] | None,
+    groups: tuple[type, ...] | None,
+    build_trainer: Callable[..., GaudiTrainer],
+    train_and_evaluate: Callable[[GaudiTrainer], dict[str, float]] = train_and_evaluate,
+) -> dict[str, float]:
+    """Every example's main: parse `argv` into `groups`, set up logging, check --output_dir, then
+    ``build_trainer(*parsed)`` and `train_and_evaluate` inside an OutputDirGuard, so that in every example
+    another run's checkpoints are refused and a bad input leaves --output_dir as it was."""
+    parsed = parse_args(argv, groups)
+    training_args = next(group for group in parsed if isinstance(group, TrainingArguments))
     setup_logging(training_args)
+    logging.getLogger(build_trainer.__module__).setLevel(logger.level)  # the example's own messages too
     check_output_dir(training_args)
     with OutputDirGuard(training_args.output_dir, enabled=training_args.should_save) as guard:
-        trainer = build_trainer(model_args, data_args, training_args)
+        trainer = build_trainer(*parsed)
         trainer.add_callback(guard)
         return train_and_evaluate(trainer)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Parse, check, build, train and evaluate; raises UserError (one line) for anything the user can fix."""
+    return run_example(argv, None, build_trainer)
 
 
 if __name__ == "__main__":

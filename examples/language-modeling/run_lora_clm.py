@@ -102,18 +102,22 @@ def merge_and_save(trainer: GaudiTrainer, output_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    model_args, data_args, training_args, lora_args = run_clm.parse_args(
-        argv, (run_clm.ModelArguments, run_clm.DataTrainingArguments, GaudiTrainingArguments, LoraArguments)
-    )
-    run_clm.setup_logging(training_args)
-    logger.setLevel(run_clm.logger.level)
-    default_base_model(model_args)
-    trainer = run_clm.build_trainer(model_args, data_args, training_args, wrap_model=add_adapters(lora_args))
-    metrics = run_clm.train_and_evaluate(trainer)  # saves the adapter, tokenizer and gaudi_config.json
-    if lora_args.merge_lora and training_args.should_save:
-        merged = merge_and_save(trainer, Path(training_args.output_dir) / "merged")
-        logger.info("Merged model saved to %s", merged)
-    return metrics
+    merge_into: list[Path] = []  # where --merge_lora saves the merged model, once the arguments are parsed
+
+    def build(model_args, data_args, training_args, lora_args: LoraArguments) -> GaudiTrainer:
+        default_base_model(model_args)
+        if lora_args.merge_lora and training_args.should_save:
+            merge_into.append(Path(training_args.output_dir) / "merged")
+        return run_clm.build_trainer(model_args, data_args, training_args, wrap_model=add_adapters(lora_args))
+
+    def train_evaluate_and_merge(trainer: GaudiTrainer) -> dict[str, float]:
+        metrics = run_clm.train_and_evaluate(trainer)  # saves the adapter, tokenizer and gaudi_config.json
+        for path in merge_into:
+            logger.info("Merged model saved to %s", merge_and_save(trainer, path))
+        return metrics
+
+    groups = (run_clm.ModelArguments, run_clm.DataTrainingArguments, GaudiTrainingArguments, LoraArguments)
+    return run_clm.run_example(argv, groups, build, train_evaluate_and_merge)
 
 
 if __name__ == "__main__":

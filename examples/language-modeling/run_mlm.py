@@ -195,13 +195,8 @@ def build_trainer(
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    model_args, data_args, training_args = run_clm.parse_args(
-        argv, (ModelArguments, DataTrainingArguments, GaudiTrainingArguments)
-    )
-    run_clm.setup_logging(training_args)
-    logger.setLevel(run_clm.logger.level)
-    trainer = build_trainer(model_args, data_args, training_args)
-    return run_clm.train_and_evaluate(trainer)  # saves model, tokenizer, gaudi_config.json; perplexity
+    groups = (ModelArguments, DataTrainingArguments, GaudiTrainingArguments)
+    return run_clm.run_example(argv, groups, build_trainer)  # saves model, tokenizer, gaudi_config.json; perplexity
 
 
 if __name__ == "__main__":

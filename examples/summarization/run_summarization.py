@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,6 @@ import run_clm  # noqa: E402  (argument groups, loaders and one-line errors shar
 from run_clm import UsageError  # noqa: E402
 
 from optimum_gaudi import GaudiSeq2SeqTrainer, GaudiSeq2SeqTrainingArguments  # noqa: E402
-from optimum_gaudi.checkpoints import resume_arg  # noqa: E402
 from optimum_gaudi.errors import run_main  # noqa: E402
 from optimum_gaudi.rouge import rouge  # noqa: E402
 from optimum_gaudi.tasks import docstring_summary_datasets  # noqa: E402
@@ -242,34 +242,12 @@ def build_trainer(
     )
 
 
-def train_and_evaluate(trainer: GaudiSeq2SeqTrainer) -> dict[str, float]:
-    """Train and/or evaluate (ROUGE with --predict_with_generate); save model, tokenizer, Gaudi config."""
-    args = trainer.args
-    metrics: dict[str, float] = {}
-    if args.do_train:
-        result = trainer.train(resume_from_checkpoint=resume_arg(args.resume_from_checkpoint))
-        trainer.save_model()
-        train_metrics = {**result.metrics, "train_samples": len(trainer.train_dataset)}
-        trainer.log_metrics("train", train_metrics)
-        trainer.save_metrics("train", train_metrics)
-        trainer.save_state()
-        metrics.update(train_metrics)
-    if args.do_eval:
-        eval_metrics = {**trainer.evaluate(), "eval_samples": len(trainer.eval_dataset)}
-        trainer.log_metrics("eval", eval_metrics)
-        trainer.save_metrics("eval", eval_metrics)
-        metrics.update(eval_metrics)
-    return metrics
-
-
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    model_args, data_args, training_args = run_clm.parse_args(
-        argv, (ModelArguments, DataTrainingArguments, GaudiSeq2SeqTrainingArguments)
+    groups = (ModelArguments, DataTrainingArguments, GaudiSeq2SeqTrainingArguments)
+    # ROUGE (with --predict_with_generate) comes from compute_metrics
+    return run_clm.run_example(
+        argv, groups, build_trainer, partial(run_clm.train_and_evaluate, evaluate=run_clm.evaluate_samples)
     )
-    run_clm.setup_logging(training_args)
-    logger.setLevel(run_clm.logger.level)
-    trainer = build_trainer(model_args, data_args, training_args)
-    return train_and_evaluate(trainer)
 
 
 if __name__ == "__main__":

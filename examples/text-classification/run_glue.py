@@ -18,7 +18,9 @@ from __future__ import annotations
 import importlib.util
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,6 @@ import run_clm  # noqa: E402  (argument groups, loaders and one-line errors shar
 from run_clm import UsageError  # noqa: E402
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments  # noqa: E402
-from optimum_gaudi.checkpoints import resume_arg  # noqa: E402
 from optimum_gaudi.errors import run_main  # noqa: E402
 from optimum_gaudi.hub import require_hub  # noqa: E402
 from optimum_gaudi.tasks import stdlib_topic_datasets  # noqa: E402
@@ -185,15 +186,19 @@ def label_names(raw: DatasetDict) -> list[str]:
     return [str(v) for v in range(max(values) + 1)]
 
 
-def majority_accuracy(train_labels: list[int], eval_labels: list[int]) -> float:
-    """Accuracy of always predicting the most frequent training label: the bar a classifier must clear."""
+def accuracy_metrics(train_labels: list[int]) -> Callable[[EvalPrediction], dict[str, float]]:
+    """compute_metrics: accuracy, next to the accuracy of always predicting the most frequent training
+    label (``majority_class_accuracy``), the bar a classifier must clear."""
     majority = int(np.bincount(train_labels).argmax())
-    return float(np.mean(np.asarray(eval_labels) == majority))
 
+    def compute(prediction: EvalPrediction) -> dict[str, float]:
+        logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+        return {
+            "accuracy": float((np.argmax(logits, axis=-1) == prediction.label_ids).mean()),
+            "majority_class_accuracy": float((prediction.label_ids == majority).mean()),
+        }
 
-def compute_accuracy(prediction: EvalPrediction) -> dict[str, float]:
-    logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
-    return {"accuracy": float((np.argmax(logits, axis=-1) == prediction.label_ids).mean())}
+    return compute
 
 
 def _tokenize(
@@ -256,50 +261,23 @@ def build_trainer(
     with training_args.main_process_first(desc="tokenizing"):
         tokenized = _tokenize(raw, tokenizer, text_columns(raw, data_args.task_name), data_args)
     collator = default_data_collator if data_args.pad_to_max_length else DataCollatorWithPadding(tokenizer)
-    trainer = GaudiTrainer(
+    return GaudiTrainer(
         model=model,
         args=training_args,
         train_dataset=_take(tokenized["train"], data_args.max_train_samples) if training_args.do_train else None,
         eval_dataset=_take(tokenized["validation"], data_args.max_eval_samples) if training_args.do_eval else None,
         processing_class=tokenizer,
         data_collator=collator,
-        compute_metrics=compute_accuracy,
+        compute_metrics=accuracy_metrics(raw["train"]["label"]),
     )
-    if training_args.do_eval:
-        trainer.majority_baseline = majority_accuracy(raw["train"]["label"], trainer.eval_dataset["label"])
-    return trainer
-
-
-def train_and_evaluate(trainer: GaudiTrainer) -> dict[str, float]:
-    """Train and/or evaluate; evaluation metrics carry the majority-class accuracy for comparison."""
-    args = trainer.args
-    metrics: dict[str, float] = {}
-    if args.do_train:
-        result = trainer.train(resume_from_checkpoint=resume_arg(args.resume_from_checkpoint))
-        trainer.save_model()  # also the tokenizer and gaudi_config.json
-        train_metrics = {**result.metrics, "train_samples": len(trainer.train_dataset)}
-        trainer.log_metrics("train", train_metrics)
-        trainer.save_metrics("train", train_metrics)
-        trainer.save_state()
-        metrics.update(train_metrics)
-    if args.do_eval:
-        eval_metrics = trainer.evaluate()
-        eval_metrics["eval_samples"] = len(trainer.eval_dataset)
-        eval_metrics["eval_majority_class_accuracy"] = trainer.majority_baseline
-        trainer.log_metrics("eval", eval_metrics)
-        trainer.save_metrics("eval", eval_metrics)
-        metrics.update(eval_metrics)
-    return metrics
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    model_args, data_args, training_args = run_clm.parse_args(
-        argv, (ModelArguments, DataTrainingArguments, GaudiTrainingArguments)
+    groups = (ModelArguments, DataTrainingArguments, GaudiTrainingArguments)
+    # accuracy and the majority-class baseline come from compute_metrics
+    return run_clm.run_example(
+        argv, groups, build_trainer, partial(run_clm.train_and_evaluate, evaluate=run_clm.evaluate_samples)
     )
-    run_clm.setup_logging(training_args)
-    logger.setLevel(run_clm.logger.level)
-    trainer = build_trainer(model_args, data_args, training_args)
-    return train_and_evaluate(trainer)
 
 
 if __name__ == "__main__":
