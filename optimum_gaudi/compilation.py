@@ -1,7 +1,11 @@
 """torch.compile controls Gaudi users know from Optimum Habana, doing the same job on every device.
 
 ``--use_regional_compilation`` compiles the model's repeated block (a decoder layer) once and reuses it
-for every layer instead of tracing the whole model: compile time falls with the depth, speed stays.
+for every layer: compile time falls with the depth, speed stays. With inductor (CPU, CUDA) the whole model
+is still one graph, in which the block is a nested compile region (``torch.compiler.nested_compile_region``):
+traced and compiled once, its code reused for every layer, while the embeddings, the output layer and the
+loss are compiled and fused with it as in a whole-model compile. Other backends (``hpu_backend``) compile
+each block on its own, as Optimum Habana does, and the rest of the model runs eagerly.
 ``--compile_dynamic`` and ``--cache_size_limit`` are torch.compile's ``dynamic`` and dynamo's cache limit;
 ``--compile_from_sec_iteration`` runs the first step eagerly. Every graph torch.compile builds during
 training is counted, and a new input shape that causes one is named once in the log, so a user sees why
@@ -11,7 +15,9 @@ a step was slow. The backend is the device's (``hpu_backend`` on a Gaudi, induct
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +26,9 @@ import torch
 from torch import nn
 
 logger = logging.getLogger(__name__)
+
+
+NESTED_REGION_BACKENDS = ("inductor", "aot_eager")
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,16 @@ class CompileOptions:
             cache_size_limit=args.cache_size_limit,
         )
 
+    @property
+    def nested_regions(self) -> bool:
+        """Regional compilation as nested regions of one whole-model graph: where torch has them and the
+        backend compiles torch's ``invoke_subgraph`` (inductor and its debugging backend)."""
+        return (
+            self.regional
+            and self.backend in NESTED_REGION_BACKENDS
+            and hasattr(torch.compiler, "nested_compile_region")
+        )
+
     def compile_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"backend": self.backend, "dynamic": self.dynamic}
         if self.mode is not None:
@@ -56,7 +75,7 @@ class CompileOptions:
         """accelerate's compile settings: the whole model, or nothing when we compile the blocks ourselves."""
         from accelerate.utils import TorchDynamoPlugin
 
-        if self.regional:
+        if self.regional and not self.nested_regions:
             return TorchDynamoPlugin(backend="no")
         return TorchDynamoPlugin(backend=self.backend, mode=self.mode, dynamic=self.dynamic)
 
@@ -81,9 +100,10 @@ def check_compile_flags(args: Any) -> None:
     compiling_steps = 2 if args.compile_from_sec_iteration else 1
     if args.torch_compile and args.throughput_warmup_steps < compiling_steps:
         logger.warning(
-            "--torch_compile compiles during the first %d step(s); --throughput_warmup_steps %d leaves them "
-            "out of the throughput.",
+            "--torch_compile compiles during the first %d step(s), which --throughput_warmup_steps %d counts "
+            "in the throughput: pass --throughput_warmup_steps %d to leave them out.",
             compiling_steps,
+            args.throughput_warmup_steps,
             compiling_steps,
         )
 
@@ -109,25 +129,53 @@ def repeated_blocks(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
     return best
 
 
-def compile_regions(model: nn.Module, **compile_kwargs: Any) -> str | None:
-    """Compile each repeated block in place (``nn.Module.compile``): same parameters, same state_dict keys.
+def compile_regions(model: nn.Module, options: CompileOptions) -> str | None:
+    """Compile the model's repeated blocks once for all of them; same parameters, same state_dict keys.
 
-    The blocks share their code, so torch.compile builds one graph and reuses it for every block. Returns
-    the name of the compiled list, or None when the model has no repeated blocks (nothing compiled).
+    Nested regions (see the module's docstring) when ``options.nested_regions``: the caller compiles the
+    whole model. Otherwise each block is compiled in place (``nn.Module.compile``): the blocks share their
+    code, so torch.compile builds one graph and reuses it for every block. Returns the name of the blocks'
+    list, or None when the model has no repeated blocks (nothing done).
     """
     found = repeated_blocks(model)
     if found is None:
         return None
     name, blocks = found
-    for block in blocks:
-        block.compile(**compile_kwargs)
-    config = getattr(model, "config", None)
-    if getattr(config, "use_cache", False):
-        # A KV cache object passed through every block makes each block's guards differ (one graph per
-        # layer); training never reads the cache, so it is switched off.
-        config.use_cache = False
-        logger.warning("Regional compilation: set model.config.use_cache=False (one graph for all blocks).")
+    if options.nested_regions:
+        _mark_nested_regions(blocks)
+    else:
+        for block in blocks:
+            block.compile(**options.compile_kwargs())
+        _no_cache_unless_asked(model)
     return name
+
+
+def _mark_nested_regions(blocks: nn.ModuleList) -> None:
+    """Route every block's forward through one nested compile region: one function for all the blocks,
+    which is what lets torch.compile reuse the region's compiled code from one layer to the next."""
+    forward = type(blocks[0]).forward
+
+    def block_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return forward(self, *args, **kwargs)
+
+    region = torch.compiler.nested_compile_region(block_forward)
+    for block in blocks:
+        block.forward = types.MethodType(region, block)
+
+
+def _no_cache_unless_asked(model: nn.Module) -> None:
+    """Forward calls that do not ask for a KV cache get ``use_cache=False``: a cache passed through separately
+    compiled blocks makes each block's guards differ (one graph per layer), and training never reads it.
+    generate() asks for its cache itself, and ``model.config`` (saved with the model) is left as it is."""
+    if "use_cache" not in inspect.signature(model.forward).parameters:
+        return
+
+    def no_cache(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if kwargs.get("use_cache") is None:
+            kwargs["use_cache"] = False
+        return args, kwargs
+
+    model.register_forward_pre_hook(no_cache, with_kwargs=True)
 
 
 def pin_loss_function(model: nn.Module) -> None:

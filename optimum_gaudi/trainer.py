@@ -241,13 +241,15 @@ class GaudiTrainerMixin(TrainerShims):
             return
         model._gaudi_compile_prepared = True
         pin_loss_function(model)
-        if self._compile.regional:
-            compiled = compile_regions(model, **self._compile.compile_kwargs())
-            if compiled is None:
-                logger.warning("--use_regional_compilation: no repeated blocks in the model; compiling it whole.")
-                model.compile(**self._compile.compile_kwargs())
-            else:
-                logger.info("Regional compilation: each block of %s compiled once.", compiled)
+        if not self._compile.regional:
+            return
+        blocks = compile_regions(model, self._compile)
+        if blocks is not None:
+            logger.info("Regional compilation: the blocks of %s compiled once for all of them.", blocks)
+            return
+        logger.warning("--use_regional_compilation: no repeated blocks in the model; compiling it whole.")
+        if not self._compile.nested_regions:  # otherwise accelerate compiles the whole model already
+            model.compile(**self._compile.compile_kwargs())
 
     def _use_fast_ddp(self) -> bool:
         return self.args.distribution_strategy == "fast_ddp" and self.args.world_size > 1

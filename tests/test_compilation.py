@@ -10,7 +10,13 @@ from torch._dynamo.utils import counters
 from transformers import TrainerCallback
 
 from optimum_gaudi import GaudiConfig, GaudiTrainer, GaudiTrainingArguments
-from optimum_gaudi.compilation import CompilationLog, compile_regions, repeated_blocks
+from optimum_gaudi.compilation import (
+    CompilationLog,
+    CompileOptions,
+    compile_regions,
+    pin_loss_function,
+    repeated_blocks,
+)
 
 NO_DROPOUT = dict(attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0)
 
@@ -67,12 +73,49 @@ def test_regional_compilation_builds_one_graph_for_all_blocks_and_matches_eager(
         gpt2(3, **NO_DROPOUT), tiny_lm_data, tmp_path / "regional",
         torch_compile=True, torch_compile_backend="aot_eager", use_regional_compilation=True,
     )  # fmt: skip
+    model = trainer.accelerator.unwrap_model(trainer.model, keep_torch_compile=False)
+    regions = {block.forward.__func__ for block in model.transformer.h}
+    assert len(regions) == 1 and hasattr(regions.pop(), "__marked_compile_region_fn__")  # one region, 3 blocks
+    assert graphs == [1, 1, 1, 1]  # the whole model in one graph, never rebuilt
+    assert trainer._compilation_log.graphs == 1
+    assert list(model.state_dict()) == list(gpt2(3).state_dict())  # no _orig_mod prefixes
+    assert regional == pytest.approx(eager, abs=1e-4)
+
+
+def test_nested_regions_trace_the_block_once_for_every_layer():
+    model = gpt2(3, **NO_DROPOUT).train()
+    ids = torch.randint(0, 100, (2, 8))
+    expected = model(input_ids=ids, labels=ids).loss
+    pin_loss_function(model)  # (transformers' one-time loss warning would break the graph)
+    assert compile_regions(model, CompileOptions(backend="inductor", regional=True)) == "transformer.h"
+    seen = []
+
+    def recording_backend(graph_module, example_inputs):
+        seen.append(graph_module)
+        return graph_module.forward
+
+    loss = torch.compile(model, backend=recording_backend)(input_ids=ids, labels=ids).loss
+    (graph,) = seen
+    calls = [n for n in graph.graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
+    assert len(calls) == 3  # every layer runs the region ...
+    assert len({n.args[0].target for n in calls}) == 1  # ... traced once, as one subgraph
+    torch.testing.assert_close(loss, expected)
+
+
+def test_regional_compilation_for_other_backends_compiles_each_block_and_keeps_the_config(tiny_lm_data, tmp_path):
+    _, eager, _ = train(gpt2(3, **NO_DROPOUT), tiny_lm_data, tmp_path / "eager")
+    trainer, regional, graphs = train(
+        gpt2(3, **NO_DROPOUT), tiny_lm_data, tmp_path / "regional",
+        torch_compile=True, torch_compile_backend="eager", use_regional_compilation=True,
+    )  # fmt: skip
     model = trainer.model
     assert all(block._compiled_call_impl is not None for block in model.transformer.h)
     assert model._compiled_call_impl is None  # the rest of the model stays eager
-    assert graphs == [1, 1, 1, 1]  # one graph shared by the 3 blocks, never rebuilt
-    assert trainer._compilation_log.graphs == 1
-    assert list(model.state_dict()) == list(gpt2(3).state_dict())  # no _orig_mod prefixes
+    assert graphs == [1, 1, 1, 1]  # one graph shared by the 3 blocks: no KV cache makes their guards differ
+    model.config.use_cache = True  # (transformers >= 5 sets it from --use_cache, False by default)
+    assert model(input_ids=torch.zeros(1, 4, dtype=torch.long)).past_key_values is None  # off for the trainer
+    assert model(input_ids=torch.zeros(1, 4, dtype=torch.long), use_cache=True).past_key_values is not None
+    assert list(model.state_dict()) == list(gpt2(3).state_dict())
     assert regional == pytest.approx(eager, abs=1e-4)
 
 
@@ -121,8 +164,15 @@ def test_a_new_shape_that_recompiles_is_logged_once_with_its_shape(caplog):
     assert "input_ids=(2, 5)" in messages[1] and "step 2" in messages[1]
 
 
+def test_regional_compile_leaves_the_saved_config_as_it_is():
+    for backend in ("inductor", "eager"):  # nested regions, and one compiled module per block
+        model = gpt2(2)
+        assert compile_regions(model, CompileOptions(backend=backend, regional=True)) == "transformer.h"
+        assert model.config.use_cache is True
+
+
 def test_regional_compile_without_repeated_blocks_returns_none():
-    assert compile_regions(nn.Linear(2, 2), backend="eager") is None
+    assert compile_regions(nn.Linear(2, 2), CompileOptions(backend="eager", regional=True)) is None
 
 
 def test_compile_flags_without_torch_compile_warn_and_bad_limit_fails(tmp_path, caplog):
@@ -136,14 +186,10 @@ def test_compile_flags_without_torch_compile_warn_and_bad_limit_fails(tmp_path, 
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         GaudiTrainingArguments(output_dir=str(tmp_path), torch_compile=True, report_to=[])
-    assert "--throughput_warmup_steps 1 leaves them out" in caplog.text
+    assert "which --throughput_warmup_steps 0 counts in the throughput: pass --throughput_warmup_steps 1" in caplog.text
 
 
 def test_regional_compilation_on_the_simulated_gaudi_uses_hpu_backend_once(tiny_lm_data, tmp_path, bridge):
-    import importlib.util
-
-    if importlib.util.find_spec("habana_frameworks.torch.dynamo") is None:
-        pytest.skip("this simulator (tests/fakes) does not register hpu_backend yet")
     trainer, losses, graphs = train(
         gpt2(3, **NO_DROPOUT), tiny_lm_data, tmp_path, steps=2, use_habana=True,
         torch_compile=True, use_regional_compilation=True,
