@@ -32,13 +32,18 @@ def gpt2(tokenizer, n_layer: int, n_embd: int, n_head: int, seed: int = 0) -> GP
 
 
 class StepClock(TrainerCallback):
-    """Wall time of the optimizer steps after the first `warmup` (compilation, allocator growth)."""
+    """Wall time of the optimizer steps after the first `warmup` (compilation, allocator growth), and of
+    the warm-up itself."""
 
     def __init__(self, warmup: int) -> None:
         self.warmup = warmup
+        self.begin: float | None = None
         self.start: float | None = None
         self.end: float | None = None
         self.steps = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.begin = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
         now = time.perf_counter()
@@ -49,7 +54,15 @@ class StepClock(TrainerCallback):
 
     @property
     def seconds_per_step(self) -> float:
+        if not self.steps:
+            raise ValueError(f"no step after the {self.warmup} warm-up steps was timed: train for more steps")
         return (self.end - self.start) / self.steps
+
+    @property
+    def warmup_excess_seconds(self) -> float:
+        """How much longer the warm-up steps took than the same steps at the steady speed: the compile
+        time, when they compiled (never below 0)."""
+        return max(0.0, (self.start - self.begin) - self.warmup * self.seconds_per_step)
 
 
 def median(values: list[float]) -> float:

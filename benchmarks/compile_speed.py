@@ -3,26 +3,32 @@
 GPT-2 4x256 (vocab 8192, sequence 128, batch 8), every setup trained from the same weights on the same
 blocks, interleaved and repeated in one process:
   trainer_fp32          transformers.Trainer, default arguments
+  trainer_fp32_compile  the same + --torch_compile: the fp32 reference of the compiled runs (compiled
+                        code draws its own dropout masks, so eager and compiled runs train differently)
   hand_tuned            transformers.Trainer --bf16 --optim adamw_torch_fused
   hand_tuned_compile    the same + --torch_compile
   gaudi                 GaudiTrainer --gaudi_config_name gpt2 --bf16
   gaudi_compile         the same + --torch_compile
   gaudi_regional        the same + --torch_compile --use_regional_compilation
-Then a 12-layer GPT-2 of the same width, whole-model against regional compilation, with the compiler's
-caches off so that every run pays its full compile time. The CPU's bf16 matmul peak is measured in the same
+Then a 12-layer GPT-2 of the same width, whole-model against regional compilation, each run in a fresh
+process with a fresh, empty compiler cache, so that every run pays its full compile time. The CPU's bf16 matmul peak is measured in the same
 run, before and after, to state the share of it each setup reaches.
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainingArguments
 
-from benchmarks.common import BLOCK_SIZE, gpt2, lm_data, markdown_table, median
+from benchmarks.common import BLOCK_SIZE, StepClock, gpt2, lm_data, markdown_table, median
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 
 VOCAB, BATCH = 8192, 8
@@ -32,6 +38,7 @@ TUNED = {"bf16": True, "optim": "adamw_torch_fused", "use_cpu": True}
 GAUDI = {"gaudi_config_name": "gpt2", "bf16": True}
 SETUPS = {
     "trainer_fp32": (Trainer, TrainingArguments, {}),
+    "trainer_fp32_compile": (Trainer, TrainingArguments, {"torch_compile": True}),
     "hand_tuned": (Trainer, TrainingArguments, TUNED),
     "hand_tuned_compile": (Trainer, TrainingArguments, {**TUNED, "torch_compile": True}),
     "gaudi": (GaudiTrainer, GaudiTrainingArguments, GAUDI),
@@ -43,32 +50,6 @@ SETUPS = {
     ),
 }
 DEEP_SETUPS = ("gaudi_compile", "gaudi_regional")
-
-
-class Clock(TrainerCallback):
-    """Wall time to the end of the warm-up steps (compilation included) and per step after them."""
-
-    def __init__(self, warmup: int) -> None:
-        self.warmup, self.begin, self.warm, self.end, self.steps = warmup, 0.0, 0.0, 0.0, 0
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.begin = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):
-        now = time.perf_counter()
-        if state.global_step == self.warmup:
-            self.warm = now
-        elif state.global_step > self.warmup:
-            self.end, self.steps = now, state.global_step - self.warmup
-
-    @property
-    def steps_per_second(self) -> float:
-        return self.steps / (self.end - self.warm)
-
-    @property
-    def compile_seconds(self) -> float:
-        """Warm-up time beyond what the same steps take once compiled."""
-        return (self.warm - self.begin) - self.warmup / self.steps_per_second
 
 
 def step_flops(model_kwargs: dict) -> float:
@@ -94,26 +75,12 @@ def bf16_matmul_peak(n: int = 1024, seconds: float = 2.0) -> float:
     return best
 
 
-@contextlib.contextmanager
-def compiler_caches(enabled: bool):
-    """Turn inductor's and AOTAutograd's caches off, so a run pays its whole compile time."""
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-
-    saved = (inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache)
-    inductor_config.fx_graph_cache = functorch_config.enable_autograd_cache = enabled
-    try:
-        yield
-    finally:
-        inductor_config.fx_graph_cache, functorch_config.enable_autograd_cache = saved
-
-
 def run_once(setup: str, model_kwargs: dict, data, steps: int, warmup: int) -> tuple[float, float, float]:
     """(steady steps/s, compile seconds, eval loss) of one fresh training run."""
     trainer_cls, args_cls, extra = SETUPS[setup]
     tokenizer, train, valid = data
     torch._dynamo.reset()
-    clock = Clock(warmup)
+    clock = StepClock(warmup)
     with tempfile.TemporaryDirectory() as out:
         args = args_cls(
             output_dir=out, max_steps=steps, per_device_train_batch_size=BATCH, per_device_eval_batch_size=16,
@@ -124,26 +91,50 @@ def run_once(setup: str, model_kwargs: dict, data, steps: int, warmup: int) -> t
         trainer = trainer_cls(model=model, args=args, train_dataset=train, eval_dataset=valid, callbacks=[clock])
         trainer.train()
         eval_loss = trainer.evaluate()["eval_loss"]
-    return clock.steps_per_second, clock.compile_seconds, eval_loss
+    return 1 / clock.seconds_per_step, clock.warmup_excess_seconds, eval_loss
 
 
-def _interleaved(setups, model_kwargs, data, repeats, steps, warmup, log, label):
+def run_fresh(setup: str, model_kwargs: dict, steps: int, warmup: int) -> tuple[float, float, float]:
+    """run_once in a new process with an empty compiler cache: nothing compiled before is reused, neither
+    from disk (inductor's kernels and graphs) nor from memory."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+               "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}  # fmt: skip
+        request = json.dumps([setup, model_kwargs, steps, warmup, torch.get_num_threads()])
+        root = Path(__file__).resolve().parent.parent
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.compile_speed", request],
+            cwd=root, env=env, capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{setup} failed:\n{done.stderr[-3000:]}")
+    return tuple(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _interleaved(setups, run, repeats, log, label):
     results = {s: [] for s in setups}
     for r in range(repeats):  # interleaved, so drift in machine speed hits every setup alike
         for setup in setups:
-            sps, compile_s, loss = run_once(setup, model_kwargs, data, steps, warmup)
+            sps, compile_s, loss = run(setup)
             results[setup].append((sps, compile_s, loss))
             log(f"  {label} {setup} run {r + 1}: {sps:.2f} steps/s, compile {compile_s:.1f} s, eval loss {loss:.4f}")
     return {s: tuple(median([x[i] for x in v]) for i in range(3)) for s, v in results.items()}
 
 
-def run(repeats: int = 2, steps: int = 14, warmup: int = 3, deep_repeats: int = 1, log=print) -> tuple[str, dict]:
+def lm_blocks(steps: int):
+    return lm_data(train_blocks=steps * BATCH, eval_blocks=64, vocab_size=VOCAB)
+
+
+def run(
+    repeats: int = 3, steps: int = 23, warmup: int = 3, deep_repeats: int = 2, deep_steps: int = 13, log=print
+) -> tuple[str, dict]:
     """Markdown sections and the medians {"small": {setup: (steps/s, compile s, loss)}, "deep": ..., "peak"}."""
-    data = lm_data(train_blocks=steps * BATCH, eval_blocks=64, vocab_size=VOCAB)
+    data = lm_blocks(steps)
     peaks = [bf16_matmul_peak()]
-    small = _interleaved(SETUPS, SMALL, data, repeats, steps, warmup, log, "4x256")
-    with compiler_caches(False):
-        deep = _interleaved(DEEP_SETUPS, DEEP, data, deep_repeats, warmup + 4, warmup, log, "12x256")
+    small = _interleaved(SETUPS, lambda s: run_once(s, SMALL, data, steps, warmup), repeats, log, "4x256")
+    deep = _interleaved(
+        DEEP_SETUPS, lambda s: run_fresh(s, DEEP, deep_steps, warmup), deep_repeats, log, "12x256"
+    )  # fmt: skip
     peaks.append(bf16_matmul_peak())
     peak = median(peaks)
 
@@ -177,9 +168,16 @@ def run(repeats: int = 2, steps: int = 14, warmup: int = 3, deep_repeats: int = 
         f"GPT-2 4x256, vocab {VOCAB}, sequence {BLOCK_SIZE}, batch {BATCH}: {flops / 1e9:.1f} GFLOP a step. "
         f"This CPU's measured bf16 matmul peak in this run: {peak / 1e9:.0f} GFLOP/s. {repeats} runs each, "
         f"{warmup} warm-up steps (compilation) left out, {steps - warmup} steps timed.\n\n{small_table}\n\n"
-        f"GPT-2 12x256 (same width and data, {deep_flops / 1e9:.1f} GFLOP a step), compiler caches off so "
-        f"each run compiles from scratch; compile time = warm-up time minus the same steps at steady speed; "
-        f"{deep_repeats} runs each.\n\n{deep_table}"
+        f"GPT-2 12x256 (same width and data, {deep_flops / 1e9:.1f} GFLOP a step), each run in a new process "
+        f"with an empty compiler cache, so each compiles from scratch; compile time = warm-up time minus the "
+        f"same steps at steady speed; {deep_steps - warmup} steps timed, {deep_repeats} runs each.\n\n"
+        f"{deep_table}"
     )
     log(text)
     return text, {"small": small, "deep": deep, "peak": peak}
+
+
+if __name__ == "__main__":  # one run_fresh request: setup, model sizes, steps, warm-up, threads (JSON)
+    setup, model_kwargs, steps, warmup, threads = json.loads(sys.argv[1])
+    torch.set_num_threads(threads)
+    print(json.dumps(run_once(setup, model_kwargs, lm_blocks(steps), steps, warmup)))

@@ -65,7 +65,7 @@ def speed_section(quick: bool) -> str:
 
 def compile_section(quick: bool) -> str:
     if quick:
-        text, m = compile_speed.run(repeats=1, steps=6, warmup=2, deep_repeats=1)
+        text, m = compile_speed.run(repeats=1, steps=6, warmup=2, deep_repeats=1, deep_steps=4)
     else:
         text, m = compile_speed.run()
     small, deep = m["small"], m["deep"]
@@ -77,10 +77,11 @@ def compile_section(quick: bool) -> str:
     whole, regional = deep["gaudi_compile"], deep["gaudi_regional"]
     t.check("12 layers: regional / whole-model compile time", regional[1] / whole[1], 0.5, at_most=True)
     t.check("12 layers: regional / whole-model steady speed", regional[0] / whole[0], 0.95)
-    fp32_loss = small["trainer_fp32"][2]
-    for setup in ("gaudi", "gaudi_compile"):
-        diff = abs(small[setup][2] - fp32_loss)
-        t.check(f"eval loss, {setup} (bf16) - fp32", diff, LOSS_TOLERANCE, "{:.4f}", True)
+    t.check("small model: regional / whole-model steady speed", small["gaudi_regional"][0] / gc, 0.95)
+    # bf16 against fp32 on the same path: compiled code draws other dropout masks than eager code does
+    for setup, reference in (("gaudi", "trainer_fp32"), ("gaudi_compile", "trainer_fp32_compile")):
+        diff = abs(small[setup][2] - small[reference][2])
+        t.check(f"eval loss, {setup} (bf16) - {reference}", diff, LOSS_TOLERANCE, "{:.4f}", True)
     return f"## torch.compile, op-list autocast and regional compilation\n\n{t.table()}\n\n{text}"
 
 
