@@ -66,6 +66,27 @@ def test_each_call_starts_a_new_graph_iteration_outside_the_compiled_code(compil
     assert len(marks) == 3
 
 
+def test_outputs_kept_across_evaluation_batches_survive_the_next_replay(monkeypatch):
+    """A CUDA graph writes its outputs into the same memory at every replay; evaluation keeps each batch's
+    logits while the next batch runs. Modelled here by a compiled function with one static output buffer."""
+    static = torch.zeros(2, 3)
+
+    def replay_into_static_memory(fn, **kwargs):
+        def replay(input_ids, labels=None):
+            static.copy_(input_ids)
+            return {"logits": static}
+
+        return replay
+
+    monkeypatch.setattr(torch, "compile", replay_into_static_memory)
+    model = CUDADevice().wrap_for_inference(Tiny(), disable_tensor_cache=False)
+    with torch.no_grad():
+        first = model(torch.full((2, 3), 1.0))["logits"]
+        model(torch.full((2, 3), 2.0))
+    assert torch.equal(first, torch.full((2, 3), 1.0))
+    assert model(torch.full((2, 3), 3.0))["logits"] is static  # with gradients: no copy, backward needs none
+
+
 def test_reduce_overhead_compile_matches_eager_on_cpu():
     torch._dynamo.reset()
     torch.manual_seed(0)
