@@ -146,7 +146,7 @@ def test_grpo_config_keeps_generation_shapes_static_on_a_lazy_gaudi(bridge, tmp_
 
 def test_importing_without_trl_names_the_extra():
     code = "import sys; sys.modules['trl'] = None; import optimum_gaudi.trl"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1] == (
         "ImportError: optimum_gaudi.trl needs TRL: pip install optimum-gaudi[trl]"
