@@ -96,6 +96,48 @@ def test_wrap_in_hpu_graph_replays_static_outputs_without_gradient(bridge, monke
     assert len(bridge().calls_named(forward, mode="replay")) == 2
 
 
+class TwoInputs(torch.nn.Module):
+    def forward(self, a, b):
+        a = sum(a) if isinstance(a, (list, tuple)) else a
+        return a.float() * 2 + b.float()
+
+
+def test_wrap_in_hpu_graph_keys_shapes_not_dtypes_and_checks_replayed_inputs(bridge, monkeypatch):
+    """input_hash leaves dtypes out, so a new dtype of the same shape replays the old graph, and hashes a
+    list as a tuple; copy_to asserts that a replay's inputs have the capture's types (hpu/graphs.py)."""
+    ht = lazy_bridge(monkeypatch)
+    model = ht.hpu.wrap_in_hpu_graph(TwoInputs())
+    with torch.no_grad():
+        model(a=[torch.ones(2)], b=torch.ones(2))
+        model(a=torch.ones(2, dtype=torch.int64), b=torch.ones(2))
+        out = model(a=torch.full((2,), 1.5, dtype=torch.float64), b=torch.ones(2))  # the same graph replays
+        torch.testing.assert_close(out, torch.full((2,), 3.0))  # the int64 static input truncated 1.5 to 1
+        forward = "hpu.wrap_in_hpu_graph.forward"
+        assert [c.kwargs["mode"] for c in bridge().calls_named(forward)] == ["capture", "capture", "replay"]
+        with pytest.raises(AssertionError):
+            model(a=(torch.ones(2),), b=torch.ones(2))  # hashed as [tensor] was, but of another type
+        view = torch.ones(4)[::2]  # a view: another graph, as its view hash differs
+        model(a=view, b=torch.ones(2))
+        assert [c.kwargs["mode"] for c in bridge().calls_named(forward)][-1] == "capture"
+
+
+def test_make_graphed_callables_takes_tuples_and_replays_the_sample_shapes(bridge, monkeypatch):
+    ht = lazy_bridge(monkeypatch)
+    with pytest.raises(TypeError):
+        ht.hpu.make_graphed_callables(torch.nn.Linear(3, 2), [torch.randn(4, 3)])  # a list: list + tuple fails
+    graphed = ht.hpu.make_graphed_callables(torch.nn.Linear(3, 2), (torch.randn(4, 3),))
+    assert graphed(torch.randn(4, 3)).shape == (4, 2)
+    with pytest.raises(RuntimeError):
+        graphed(torch.randn(5, 3))  # copied into the static input of the sample's shape
+
+
+def test_memory_api_refuses_other_device_types(bridge, monkeypatch):
+    ht = lazy_bridge(monkeypatch)
+    assert ht.hpu.memory_stats("hpu")["Limit"] == ht.hpu.memory_stats(0)["Limit"] > 0
+    with pytest.raises(ValueError, match="Expected a hpu device, but got: cpu"):
+        ht.hpu.memory_stats("cpu")
+
+
 def test_wrap_in_hpu_graph_bounds_graphs_only_when_asked(bridge, monkeypatch):
     ht = lazy_bridge(monkeypatch)
     unbounded = ht.hpu.wrap_in_hpu_graph(torch.nn.Linear(3, 2))

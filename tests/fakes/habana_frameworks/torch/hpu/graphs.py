@@ -3,7 +3,8 @@
 Follows ``hpu/graphs.py``:
 
 - ``wrap_in_hpu_graph(module)`` replaces ``module.forward`` in place. Each call is keyed by its inputs
-  (tensor shapes and layouts, other values, autocast state; not ``module.training``, not grad mode). The
+  (``input_hash``: tensor shapes and views but not dtypes, other values, autocast state; not
+  ``module.training``, not grad mode); a replay copies the inputs with ``copy_to``'s type and key checks. The
   first call with a new key captures: it runs the forward and returns its outputs. Every later call with
   that key replays: it copies the new inputs into the tensors given at capture and returns the outputs of
   the capture, refreshed in place. Here a replay re-runs the forward without autograd and copies the
@@ -16,7 +17,8 @@ Follows ``hpu/graphs.py``:
   static-output aliasing of the real training graphs is not simulated). Capturing a DistributedDataParallel
   model fails as in the real ``GraphModel``.
 - ``make_graphed_callables`` checks its arguments as the real one does (no hooks, buffers without grad,
-  tensor-only sample args); the graphed callables run the original code.
+  tensor-only sample args, given as tuples); a call of a graphed callable copies its inputs into static
+  tensors of the sample args' shapes (another shape fails, as in the bridge) and runs the original code.
 - ``HPUGraph`` / ``graph`` record capture and replay; a replay does no work.
 """
 
@@ -58,26 +60,25 @@ class graph:  # noqa: N801  (the real class is lower-case)
         self.hpu_graph.capture_end()
 
 
+def _view_hash(tensor):
+    """``_hpu_C.get_view_hash`` (``hpu/csrc/bindings.cpp``): 0 for a tensor that is no view, else a hash of
+    its chain of view parameters; here of what those parameters produce, the view's strides and offset."""
+    return 0 if tensor._base is None else hash((tensor.stride(), tensor.storage_offset()))
+
+
 def _input_key(obj):
-    """What the real ``input_hash`` distinguishes: tensor shape and layout, plain values, autocast state."""
+    """The real ``input_hash``: tensor shape and view hash (not the dtype), plain values, autocast state;
+    a UserDict (BatchEncoding) by its keys and the identity of its tensors' rows."""
     autocast = torch.is_autocast_enabled("cpu")
     if isinstance(obj, dict):
         return _input_key(tuple(obj.items()))
     if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
-        return (tuple(_input_key(x) for x in obj), autocast)
+        return hash((tuple(_input_key(x) for x in obj), autocast))
     if isinstance(obj, torch.Tensor):
-        return (tuple(obj.shape), obj.dtype, obj.stride(), autocast)
+        return hash((obj.shape, _view_hash(obj), autocast))
+    if isinstance(obj, collections.UserDict):
+        return hash(tuple((k, tuple(v)) for k, v in obj.items()))
     return hash((obj, autocast))
-
-
-def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _tensors(v)]
-    return []
 
 
 def _detached(obj):
@@ -123,19 +124,36 @@ def make_graphed_callables(
             )
             assert all(not b.requires_grad for b in fn.buffers()), "All buffers must have requires_grad=False."
         assert all(isinstance(a, torch.Tensor) for a in args), "sample_args must be a tuple of Tensors."
+    params = [tuple(fn.parameters()) if isinstance(fn, torch.nn.Module) else () for fn in callables]
+    # the static input surfaces: a list of sample args fails here, as in the bridge (list + tuple)
+    surfaces = [sample_args[i] + params[i] for i in range(len(callables))]
     graphed = []
-    for fn in callables:
+    for fn, args, surface in zip(callables, sample_args, surfaces, strict=False):
+        static_inputs = [a.detach().clone() for a in surface[: len(args)]]
+
+        def replay(user_args, _static=static_inputs):
+            for static, arg in zip(
+                _static, user_args, strict=False
+            ):  # the bridge copies each input into its static tensor
+                static.copy_(arg)
+
         if isinstance(fn, torch.nn.Module):
             original, training = fn.forward, fn.training
 
-            def forward(*user_args, _module=fn, _original=original, _training=training):
+            def forward(*user_args, _module=fn, _original=original, _training=training, _replay=replay):
                 _hf.record("hpu.make_graphed_callables.replay", graphed=_module.training == _training)
+                _replay(user_args)
                 return _original(*user_args)
 
             fn.forward = forward
             graphed.append(fn)
         else:
-            graphed.append(fn)
+
+            def function(*user_args, _fn=fn, _replay=replay):
+                _replay(user_args)
+                return _fn(*user_args)
+
+            graphed.append(function)
     return graphed[0] if single else tuple(graphed)
 
 
@@ -146,14 +164,17 @@ class _Captured:
 
 
 def _copy_into(dst, src):
-    if isinstance(dst, torch.Tensor):
-        dst.copy_(src)
-    elif isinstance(dst, dict):
-        for key in dst:
-            _copy_into(dst[key], src[key])
+    """The real ``copy_to``: same types, dict keys in the same order, plain ``zip`` (no length check)."""
+    assert type(dst) == type(src)  # noqa: E721  (the bridge compares types exactly)
+    if isinstance(dst, dict):
+        for (dst_key, dst_value), (src_key, src_value) in zip(dst.items(), src.items(), strict=False):
+            assert dst_key == src_key
+            _copy_into(dst_value, src_value)
     elif isinstance(dst, (list, tuple)) and not isinstance(dst, torch.Size):
-        for d, s in zip(dst, src, strict=True):
+        for d, s in zip(dst, src, strict=False):
             _copy_into(d, s)
+    elif isinstance(dst, torch.Tensor):
+        dst.copy_(src)
 
 
 def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dry_run=False, max_graphs=None):
