@@ -137,10 +137,12 @@ class GaudiTrainingArgumentsMixin:
         self.gaudi_config = GaudiConfig.from_pretrained(self.gaudi_config_name) if self.gaudi_config_name else None
         self._set_bridge_environment()
         self.gaudi_device: Device = detect_device(use_habana=self.use_habana, use_cpu=self.use_cpu)
-        self._validate_for_device(self.gaudi_device)
+        problem = self.gaudi_device.argument_problem(self)
+        if problem is not None:
+            raise GaudiArgumentError(problem)
         # cpu_amp: autocast on the host even when the model trains on an accelerator
         self.autocast_device: Device = CPUDevice() if self.half_precision_backend == "cpu_amp" else self.gaudi_device
-        if self.gaudi_device.type == "cpu":
+        if self.gaudi_device.on_host:
             self.use_cpu = True  # lets transformers accept --bf16 on CPU instead of demanding a GPU
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched on several processes
             self.ddp_backend = self.ddp_backend or self.gaudi_device.ddp_backend
@@ -273,13 +275,6 @@ class GaudiTrainingArgumentsMixin:
         problem = prepare_bridge(self.use_lazy_mode, op_lists)
         if problem is not None:
             raise GaudiArgumentError(problem)
-
-    def _validate_for_device(self, device: Device) -> None:
-        graphs = self.use_hpu_graphs_for_training or self.use_hpu_graphs_for_inference
-        if device.type == "hpu" and graphs and not self.use_lazy_mode:
-            raise GaudiArgumentError("HPU Graphs need lazy mode on a Gaudi; add --use_lazy_mode.")
-        if self.half_precision_backend == "hpu_amp" and device.type != "hpu":
-            logger.warning("--half_precision_backend hpu_amp: no Gaudi here, autocast runs on %s.", device.type)
 
 
 @dataclass

@@ -118,6 +118,13 @@ def test_ignored_flags_warn(tmp_path, caplog):
     assert "--max_hpu_graphs is ignored" in text and "--disable_tensor_cache_hpu_graphs is ignored" in text
 
 
+def test_hpu_amp_without_a_gaudi_warns_where_autocast_runs(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        args = make(tmp_path, half_precision_backend="hpu_amp")
+    assert "--half_precision_backend hpu_amp: no Gaudi here, autocast runs on cpu." in caplog.text
+    assert args.use_cpu  # the CPU device trains in host memory: transformers' --use_cpu
+
+
 def test_lazy_mode_environment_is_set_for_the_bridge(tmp_path, monkeypatch):
     monkeypatch.delenv("PT_HPU_LAZY_MODE", raising=False)
     make(tmp_path, use_lazy_mode=True)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 # Gaudi feature -> what it means, in a word, on the device. Each subclass fills the same keys.
 FEATURES = (
@@ -32,8 +35,17 @@ class Device:
     fast_ddp_dtype: ClassVar[str] = "float32"  # dtype of the fast_ddp fusion buffer by default
     behaviour: ClassVar[dict[str, str]]
 
+    on_host: ClassVar[bool] = False  # the model trains in host memory (transformers' --use_cpu)
+
     def count(self) -> int:
         return 1
+
+    def argument_problem(self, args: Any) -> str | None:
+        """Why these training arguments cannot run on this device, in one line for the caller to raise;
+        None when they can (after a warning for any this device runs otherwise than asked)."""
+        if args.half_precision_backend == "hpu_amp":
+            logger.warning("--half_precision_backend hpu_amp: no Gaudi here, autocast runs on %s.", self.type)
+        return None
 
     def register_ddp_backend(self) -> None:
         """Make `ddp_backend` known to torch.distributed before the process group starts."""

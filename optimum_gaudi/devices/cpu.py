@@ -36,6 +36,7 @@ def _meminfo_bytes(field: str) -> int | None:
 class CPUDevice(Device):
     type = "cpu"
     ddp_backend = "gloo"
+    on_host = True
     behaviour = {
         "use_habana": "no Gaudi here: runs on CPU",
         "use_lazy_mode": "eager execution (no lazy graphs on CPU)",

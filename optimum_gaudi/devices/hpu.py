@@ -156,6 +156,11 @@ class HPUDevice(Device):
     def count(self) -> int:
         return int(importlib.import_module("habana_frameworks.torch.hpu").device_count())
 
+    def argument_problem(self, args: Any) -> str | None:
+        if (args.use_hpu_graphs_for_training or args.use_hpu_graphs_for_inference) and not args.use_lazy_mode:
+            return "HPU Graphs need lazy mode on a Gaudi; add --use_lazy_mode."
+        return None
+
     def is_lazy(self) -> bool:
         """The bridge's own answer, decided once when it loaded (``utils/internal.py``)."""
         importlib.import_module("habana_frameworks.torch")
