@@ -35,7 +35,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .errors import UserError
+from .errors import UserError, exception_chain
 
 logger = logging.getLogger(__name__)
 
@@ -78,20 +78,33 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     return sorted(found, key=checkpoint_step)
 
 
-def _safetensors_problem(path: Path) -> str | None:
-    """Truncation shows as a file shorter than its header says."""
+class _HeaderProblem(ValueError):
+    pass
+
+
+def _safetensors_header(path: Path) -> tuple[int, dict[str, Any]]:
+    """(length of the JSON header, the header) of a safetensors file; _HeaderProblem if it has none."""
     size = path.stat().st_size
     with path.open("rb") as f:
         raw = f.read(8)
         if len(raw) < 8:
-            return f"{path.name} is truncated ({size} bytes)"
+            raise _HeaderProblem(f"{path.name} is truncated ({size} bytes)")
         (length,) = struct.unpack("<Q", raw)
         if length > size - 8:
-            return f"{path.name} is truncated ({size} bytes, its header alone needs {length + 8})"
+            raise _HeaderProblem(f"{path.name} is truncated ({size} bytes, its header alone needs {length + 8})")
         try:
-            header = json.loads(f.read(length))
+            return length, json.loads(f.read(length))
         except ValueError:
-            return f"{path.name} has an unreadable header"
+            raise _HeaderProblem(f"{path.name} has an unreadable header") from None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Truncation shows as a file shorter than its header says."""
+    try:
+        length, header = _safetensors_header(path)
+    except _HeaderProblem as problem:
+        return str(problem)
+    size = path.stat().st_size
     end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
     if 8 + length + end != size:
         return f"{path.name} is truncated ({size} bytes, its header describes {8 + length + end})"
@@ -100,9 +113,7 @@ def _safetensors_problem(path: Path) -> str | None:
 
 def safetensors_shapes(path: str | os.PathLike) -> dict[str, list[int]]:
     """Tensor name -> shape, read from a safetensors header alone (no tensor is loaded)."""
-    with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
+    _, header = _safetensors_header(Path(path))
     return {name: info["shape"] for name, info in header.items() if name != "__metadata__"}
 
 
@@ -305,12 +316,9 @@ def disk_full(path: str | os.PathLike, exc: BaseException | None = None) -> bool
     """Whether a failure is the disk being full: ENOSPC somewhere in the chain, or almost no space left.
 
     torch.save reports a full disk as an opaque RuntimeError, hence the look at the free space."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(exc):
+    for cause in exception_chain(exc):
+        if getattr(cause, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(cause):
             return True
-        exc = exc.__cause__ or exc.__context__
     return _free_bytes(path) < MIN_FREE_BYTES
 
 
@@ -345,6 +353,17 @@ def disk_full_is_user_error(path: str | os.PathLike, what: str) -> Iterator[None
         ) from e
 
 
+def _publish_checkpoint(staged: Path, run_dir: Path, state: Any, limit: int | None, resave_state: bool) -> None:
+    """Manifest, atomic rename into ``run_dir``, then ``save_total_limit``. With ``resave_state`` the saved
+    trainer state is first rewritten, so that it names the best checkpoint's final place."""
+    final = run_dir / staged.name
+    if resave_state and (staged / TRAINER_STATE_NAME).is_file():
+        state.save_to_json(str(staged / TRAINER_STATE_NAME))
+    write_manifest(staged)
+    publish(staged, final)
+    rotate_checkpoints(run_dir, limit, keep={str(final), state.best_model_checkpoint})
+
+
 @contextlib.contextmanager
 def staged_checkpoint(run_dir: str | os.PathLike, state: Any, args: Any, barrier: Callable[[], None]) -> Iterator[Path]:
     """Yield the staging root to write ``checkpoint-{state.global_step}`` into, as if it were ``run_dir``; when
@@ -369,15 +388,8 @@ def staged_checkpoint(run_dir: str | os.PathLike, state: Any, args: Any, barrier
             if moved_best:  # transformers found the best checkpoint where it wrote this one: name its final place
                 state.best_model_checkpoint = str(run_dir / Path(best).name)
             barrier()
-            staged = staging_root / name
-            if saver and staged.is_dir():
-                if moved_best and (staged / TRAINER_STATE_NAME).is_file():
-                    state.save_to_json(str(staged / TRAINER_STATE_NAME))
-                write_manifest(staged)
-                publish(staged, run_dir / name)
-                rotate_checkpoints(
-                    run_dir, args.save_total_limit, keep={str(run_dir / name), state.best_model_checkpoint}
-                )
+            if saver and (staging_root / name).is_dir():
+                _publish_checkpoint(staging_root / name, run_dir, state, args.save_total_limit, moved_best)
     finally:
         if saver:
             shutil.rmtree(staging_root, ignore_errors=True)

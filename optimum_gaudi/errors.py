@@ -59,6 +59,16 @@ def one_line(text: str) -> str:
     return " ".join(part.strip() for part in str(text).strip().splitlines() if part.strip())
 
 
+def exception_chain(exc: BaseException | None) -> list[BaseException]:
+    """``exc`` and the exceptions behind it (``__cause__``, else ``__context__``), outermost first: libraries
+    wrap the error that says what is wrong (a parser's, the OS's) in their own."""
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not seen for seen in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
 def user_error_message(exc: BaseException) -> str | None:
     """The one-line message for a user error, or None when ``exc`` is a bug that deserves its traceback."""
     if isinstance(exc, UserError):

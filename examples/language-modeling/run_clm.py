@@ -55,7 +55,7 @@ from optimum_gaudi.data import (
     find_text_column,
     tokenize_and_group,
 )
-from optimum_gaudi.errors import UserError, one_line, quiet_argparse_errors, run_main
+from optimum_gaudi.errors import UserError, exception_chain, one_line, quiet_argparse_errors, run_main
 from optimum_gaudi.hub import require_hub
 
 logger = logging.getLogger(__name__)
@@ -291,9 +291,7 @@ def load_raw_datasets(
         try:
             raw = load_dataset(builder, data_files=files, cache_dir=model_args.cache_dir, **extra)
         except Exception as e:  # datasets wraps the parser's error; the innermost one says what is wrong
-            cause = e
-            while cause.__cause__ is not None or cause.__context__ is not None:
-                cause = cause.__cause__ or cause.__context__
+            cause = exception_chain(e)[-1]
             reason = one_line(str(cause) or type(cause).__name__)[:300]
             raise UsageError(f"cannot read {', '.join(files.values())} as {builder}: {reason}") from None
     if "train" not in raw:
