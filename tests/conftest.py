@@ -7,13 +7,15 @@ import sys
 from pathlib import Path
 
 import pytest
-import tiny
 import torch
 
+# before transformers, huggingface_hub and datasets are imported (tiny imports them): they read these once
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
 torch.set_num_threads(1)
+
+import tiny  # noqa: E402
 
 
 @pytest.fixture
