@@ -147,7 +147,7 @@ def test_every_trainer_method_the_mixin_overrides_is_a_checked_hook():
     assert overridden - {"__init__"} == set(TRAINER_HOOKS)
 
 
-def test_a_missing_hook_fails_at_construction_in_one_line(tiny_gpt2, tmp_path):
+def test_a_missing_hook_fails_at_construction_in_one_line(tiny_gpt2, tmp_path, monkeypatch):
     class OldTrainer(Trainer):
         pass
 
@@ -155,13 +155,9 @@ def test_a_missing_hook_fails_at_construction_in_one_line(tiny_gpt2, tmp_path):
         pass
 
     # A release without Trainer._save (which saves the Gaudi config next to the model): no parent defines it.
-    saved = Trainer._save
-    del Trainer._save
-    try:
-        with pytest.raises(TrainerHookError, match=r"has no Trainer\._save, which the Gaudi features") as err:
-            GaudiOld(model=tiny_gpt2(), args=GaudiTrainingArguments(output_dir=str(tmp_path)))
-    finally:
-        Trainer._save = saved
+    monkeypatch.delattr(Trainer, "_save")
+    with pytest.raises(TrainerHookError, match=r"has no Trainer\._save, which the Gaudi features") as err:
+        GaudiOld(model=tiny_gpt2(), args=GaudiTrainingArguments(output_dir=str(tmp_path)))
     assert "\n" not in str(err.value)
 
 
@@ -178,11 +174,24 @@ def test_fused_clip_goes_through_the_device_on_every_supported_release(tiny_gpt2
     assert calls == [args.max_grad_norm] * 5  # once per optimizer step, with the arguments' max norm
 
 
-def test_op_list_autocast_replaces_accelerates_mixed_precision_on_every_release(tiny_gpt2, tmp_path):
+@pytest.fixture
+def fresh_accelerator_state():
+    """A new accelerate state for each trainer built through it: accelerate keeps one mixed precision per
+    process, and the first trainer's would otherwise stay."""
+
+    def fresh():
+        AcceleratorState._reset_state()
+
+    fresh()
+    yield fresh
+    fresh()
+
+
+def test_op_list_autocast_replaces_accelerates_mixed_precision_on_every_release(
+    tiny_gpt2, tmp_path, fresh_accelerator_state
+):
     args = GaudiTrainingArguments(output_dir=str(tmp_path), bf16=True, **COMMON)
     with_lists = GaudiConfig(use_torch_autocast=True, autocast_bf16_ops=["linear"], autocast_fp32_ops=["softmax"])
-    AcceleratorState._reset_state()  # accelerate keeps one mixed precision per process
     assert GaudiTrainer(tiny_gpt2(), args, gaudi_config=with_lists).accelerator.mixed_precision == "no"
-    AcceleratorState._reset_state()
+    fresh_accelerator_state()
     assert GaudiTrainer(tiny_gpt2(), args).accelerator.mixed_precision == "bf16"  # plain --bf16: accelerate's
-    AcceleratorState._reset_state()

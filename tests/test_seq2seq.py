@@ -145,7 +145,7 @@ def test_encoder_padding_is_masked_and_bucketed():
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_hpu_generation_uses_graphs_and_static_shapes_on_the_simulator(name, bridge, tmp_path):
+def test_hpu_generation_uses_graphs_and_static_shapes_on_the_simulator(name, bridge, tmp_path, monkeypatch):
     """On the simulated Gaudi (tests/fakes): HPU Graphs wrap the model that generates, encoder inputs are
     padded to a bucket, the decoder cache is static; and the generated tokens equal the eager CPU ones."""
     _, _, _, cpu_pred = run(
@@ -158,15 +158,11 @@ def test_hpu_generation_uses_graphs_and_static_shapes_on_the_simulator(name, bri
         seen.append((kwargs["input_ids"].shape, kwargs.get("cache_implementation")))
         return original_generate(self, *args, **kwargs)
 
-    cls = type(MODELS[name]())
-    cls.generate, saved = spy, cls.generate
-    try:
-        trainer, _, _, hpu_pred = run(
-            GaudiSeq2SeqTrainer, GaudiSeq2SeqTrainingArguments, MODELS[name], tmp_path / "hpu", max_steps=2,
-            use_habana=True, use_lazy_mode=True, use_hpu_graphs_for_inference=True,
-        )  # fmt: skip
-    finally:
-        cls.generate = saved
+    monkeypatch.setattr(type(MODELS[name]()), "generate", spy)
+    trainer, _, _, hpu_pred = run(
+        GaudiSeq2SeqTrainer, GaudiSeq2SeqTrainingArguments, MODELS[name], tmp_path / "hpu", max_steps=2,
+        use_habana=True, use_lazy_mode=True, use_hpu_graphs_for_inference=True,
+    )  # fmt: skip
     assert isinstance(trainer.gaudi_device, HPUDevice)
     assert len(bridge().calls_named("hpu.wrap_in_hpu_graph")) == 1  # wrapped once, for evaluate and predict
     graph_forwards = bridge().calls_named("hpu.wrap_in_hpu_graph.forward")
