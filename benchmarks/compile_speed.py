@@ -167,7 +167,9 @@ def run(
     text = (
         f"GPT-2 4x256, vocab {VOCAB}, sequence {BLOCK_SIZE}, batch {BATCH}: {flops / 1e9:.1f} GFLOP a step. "
         f"This CPU's measured bf16 matmul peak in this run: {peak / 1e9:.0f} GFLOP/s. {repeats} runs each, "
-        f"{warmup} warm-up steps (compilation) left out, {steps - warmup} steps timed.\n\n{small_table}\n\n"
+        f"{warmup} warm-up steps (compilation) left out, {steps - warmup} steps timed. A bf16 eval loss is "
+        f"compared with the fp32 run on the same path, eager or compiled: compiled code draws other dropout "
+        f"masks than eager code, so eager and compiled runs train differently.\n\n{small_table}\n\n"
         f"GPT-2 12x256 (same width and data, {deep_flops / 1e9:.1f} GFLOP a step), each run in a new process "
         f"with an empty compiler cache, so each compiles from scratch; compile time = warm-up time minus the "
         f"same steps at steady speed; {deep_steps - warmup} steps timed, {deep_repeats} runs each.\n\n"
