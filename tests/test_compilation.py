@@ -67,12 +67,19 @@ def test_repeated_blocks_is_the_largest_list_of_one_class():
     assert repeated_blocks(mixed) is None  # mixed classes, or a single block, are not repeated blocks
 
 
-def test_regional_compilation_builds_one_graph_for_all_blocks_and_matches_eager(tiny_lm_data, tmp_path):
-    _, eager, _ = train(gpt2(3, **NO_DROPOUT), tiny_lm_data, tmp_path / "eager")
-    trainer, regional, graphs = train(
-        gpt2(3, **NO_DROPOUT), tiny_lm_data, tmp_path / "regional",
-        torch_compile=True, torch_compile_backend="aot_eager", use_regional_compilation=True,
+def eager_and_regional(data, tmp_path, backend):
+    """Losses of an eager run, and (trainer, losses, graphs per step) of a regional compile from the same
+    3-block GPT-2 with `backend`."""
+    _, eager, _ = train(gpt2(3, **NO_DROPOUT), data, tmp_path / "eager")
+    regional = train(
+        gpt2(3, **NO_DROPOUT), data, tmp_path / "regional",
+        torch_compile=True, torch_compile_backend=backend, use_regional_compilation=True,
     )  # fmt: skip
+    return eager, regional
+
+
+def test_regional_compilation_builds_one_graph_for_all_blocks_and_matches_eager(tiny_lm_data, tmp_path):
+    eager, (trainer, regional, graphs) = eager_and_regional(tiny_lm_data, tmp_path, "aot_eager")
     model = trainer.accelerator.unwrap_model(trainer.model, keep_torch_compile=False)
     regions = {block.forward.__func__ for block in model.transformer.h}
     assert len(regions) == 1 and hasattr(regions.pop(), "__marked_compile_region_fn__")  # one region, 3 blocks
@@ -103,11 +110,7 @@ def test_nested_regions_trace_the_block_once_for_every_layer():
 
 
 def test_regional_compilation_for_other_backends_compiles_each_block_and_keeps_the_config(tiny_lm_data, tmp_path):
-    _, eager, _ = train(gpt2(3, **NO_DROPOUT), tiny_lm_data, tmp_path / "eager")
-    trainer, regional, graphs = train(
-        gpt2(3, **NO_DROPOUT), tiny_lm_data, tmp_path / "regional",
-        torch_compile=True, torch_compile_backend="eager", use_regional_compilation=True,
-    )  # fmt: skip
+    eager, (trainer, regional, graphs) = eager_and_regional(tiny_lm_data, tmp_path, "eager")
     model = trainer.model
     assert all(block._compiled_call_impl is not None for block in model.transformer.h)
     assert model._compiled_call_impl is None  # the rest of the model stays eager
