@@ -9,7 +9,9 @@ happen in the dispatcher, torch.compile's tracing bakes them into the graph: no 
 pays Python only on the listed ops.
 
 Dispatcher registrations are process-wide, so they exist only while an :class:`OpListAutocast` is
-entered; on exit torch's kernels come back and plain ``torch.autocast`` means what it always meant.
+entered, or kept for a whole loop (:meth:`OpListAutocast.kept`: the trainer keeps them for each train,
+evaluation and prediction loop, so that a step does not register some 130 kernels again); afterwards
+torch's kernels come back and plain ``torch.autocast`` means what it always meant.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import contextlib
 import logging
 import threading
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -188,6 +190,17 @@ class OpListAutocast(contextlib.ContextDecorator):
         self.bf16_ops, self.fp32_ops = bf16_ops, fp32_ops
         self._registration = _Registration(_AUTOCAST_KEYS[device_type], targets)
         self._autocasts: list[torch.autocast] = []
+
+    @contextlib.contextmanager
+    def kept(self) -> Iterator[None]:
+        """Keep this autocast's kernels installed for the duration (e.g. a training loop), so that each
+        entry only turns torch.autocast on. Meanwhile a plain ``torch.autocast`` on this device, should
+        any code enter one, follows these lists too."""
+        self._registration.acquire()
+        try:
+            yield
+        finally:
+            self._registration.release()
 
     def __enter__(self) -> OpListAutocast:
         self._registration.acquire()

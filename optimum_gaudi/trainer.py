@@ -29,6 +29,7 @@ from .events import InternalCallbackHandler
 from .features import feature_table
 from .metrics import Throughput
 from .op_lists import config_uses_op_lists, resolve_op_lists
+from .precision import OpListAutocast
 from .profiling import GaudiProfilerCallback
 from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin
 
@@ -263,6 +264,11 @@ class GaudiTrainerMixin(TrainerShims):
 
     # ---- step hooks ---------------------------------------------------------------------------------
 
+    def _autocast_kept(self) -> contextlib.AbstractContextManager:
+        """Around a whole loop: the op-list autocast's kernels installed once, not at every forward."""
+        autocast = self._autocast() if self._autocast is not None else None
+        return autocast.kept() if isinstance(autocast, OpListAutocast) else contextlib.nullcontext()
+
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> contextlib.AbstractContextManager:
         return self._autocast() if self._autocast is not None else super().autocast_smart_context_manager(cache_enabled)
 
@@ -299,7 +305,8 @@ class GaudiTrainerMixin(TrainerShims):
 
     def evaluation_loop(self, *args: Any, **kwargs: Any):
         self._throughput.eval_begin()
-        return super().evaluation_loop(*args, **kwargs)
+        with self._autocast_kept():
+            return super().evaluation_loop(*args, **kwargs)
 
     def prediction_step(
         self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys=None, **kwargs: Any
@@ -354,7 +361,8 @@ class GaudiTrainerMixin(TrainerShims):
             check_weights_fit(self.model, checkpoint)
         elif self.args.overwrite_output_dir and self.args.should_save:
             remove_previous_checkpoints(self.args.output_dir)
-        return super().train(checkpoint, *args, **kwargs)
+        with self._autocast_kept():
+            return super().train(checkpoint, *args, **kwargs)
 
     def _get_output_dir(self, trial: Any) -> str:
         return getattr(self, "_staging_root", None) or super()._get_output_dir(trial)

@@ -116,6 +116,40 @@ def test_nesting_the_same_lists_keeps_them_until_the_outer_exit():
     assert not torch.is_autocast_enabled("cpu")
 
 
+@pytest.fixture
+def installs(monkeypatch):
+    """How many times op-list kernels were registered with the dispatcher."""
+    from optimum_gaudi.precision import _Registration
+
+    count, install = [], _Registration._install
+    monkeypatch.setattr(_Registration, "_install", lambda self: count.append(1) or install(self))
+    return count
+
+
+def test_kept_kernels_are_installed_once_for_many_entries_and_removed_after(installs):
+    ctx, x = OpListAutocast(["softmax"], []), torch.randn(4, 4)
+    with ctx.kept():
+        assert not torch.is_autocast_enabled("cpu")  # kept, not entered: torch.autocast is off between entries
+        for _ in range(3):
+            with ctx:
+                assert torch.softmax(x, -1).dtype == BF16
+    assert len(installs) == 1
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::softmax.int", "AutocastCPU")  # removed
+
+
+def test_the_trainer_installs_the_op_list_kernels_once_per_loop(installs, tiny_gpt2, tiny_lm_data, tmp_path):
+    args = GaudiTrainingArguments(
+        output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=8, eval_strategy="steps", eval_steps=2,
+        report_to=[], save_strategy="no", gaudi_config_name="gpt2", bf16=True,
+    )  # fmt: skip
+    trainer = GaudiTrainer(model=tiny_gpt2(), args=args, train_dataset=tiny_lm_data, eval_dataset=tiny_lm_data[:16])
+    trainer.train()  # 4 training forwards and 2 evaluations inside one train(): one installation
+    assert len(installs) == 1
+    trainer.evaluate()
+    assert len(installs) == 2
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::softmax.int", "AutocastCPU")  # all removed
+
+
 def test_gradients_reach_fp32_parameters_and_match_eager_when_compiled():
     torch.manual_seed(0)
     model = Recorder()
