@@ -41,6 +41,7 @@ class CompileOptions:
     regional: bool = False
     from_second_iteration: bool = False
     cache_size_limit: int | None = None
+    inductor_options: tuple[tuple[str, Any], ...] = ()  # the device's, when the backend is inductor
 
     @classmethod
     def from_args(cls, args: Any) -> CompileOptions | None:
@@ -53,6 +54,9 @@ class CompileOptions:
             regional=args.use_regional_compilation,
             from_second_iteration=args.compile_from_sec_iteration,
             cache_size_limit=args.cache_size_limit,
+            inductor_options=tuple(args.gaudi_device.inductor_options.items())
+            if args.torch_compile_backend == "inductor"
+            else (),
         )
 
     @property
@@ -83,11 +87,22 @@ class CompileOptions:
         if self.cache_size_limit is not None:
             set_cache_size_limit(self.cache_size_limit)
 
-    def step_context(self, first_iteration: bool) -> contextlib.AbstractContextManager:
-        """Eager for the first training iteration when asked to compile from the second one."""
+    def compiler_context(self) -> contextlib.AbstractContextManager:
+        """Around each call that may compile: the device's inductor options (read when a graph compiles)."""
+        if not self.inductor_options:
+            return contextlib.nullcontext()
+        import torch._inductor.config as inductor_config
+
+        return inductor_config.patch(dict(self.inductor_options))
+
+    def step_context(self, first_iteration: bool) -> contextlib.ExitStack:
+        """The compiler context; eager for the first training iteration when asked to compile from the
+        second one."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.compiler_context())
         if self.from_second_iteration and first_iteration:
-            return torch.compiler.set_stance("force_eager")
-        return contextlib.nullcontext()
+            stack.enter_context(torch.compiler.set_stance("force_eager"))
+        return stack
 
 
 def check_compile_flags(args: Any) -> None:

@@ -313,6 +313,7 @@ class GaudiTrainerMixin(TrainerShims):
     ):
         with contextlib.ExitStack() as stack:
             if self._compile is not None:
+                stack.enter_context(self._compile.compiler_context())
                 stack.enter_context(self._compilation_log.watch(inputs, self.state.global_step))
             outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **kwargs)
         if self._lazy_mark_step is not None:

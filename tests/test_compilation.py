@@ -134,6 +134,15 @@ def test_whole_model_compile_under_the_op_lists_has_no_graph_break(tiny_lm_data,
     assert compiled == pytest.approx(eager, abs=0.02)
 
 
+def test_compiled_training_on_cpu_draws_the_dropout_masks_eager_draws(tiny_lm_data, tmp_path):
+    """CPUDevice compiles with inductor's fallback_random: compiled code takes its random numbers from
+    torch's generator, so dropout (on here) follows the eager run's masks instead of another stream."""
+    _, eager, _ = train(gpt2(2), tiny_lm_data, tmp_path / "eager")
+    _, compiled, graphs = train(gpt2(2), tiny_lm_data, tmp_path / "compiled", torch_compile=True)
+    assert graphs == [1, 1, 1, 1]
+    assert compiled == pytest.approx(eager, abs=1e-4)
+
+
 def test_compile_from_second_iteration_runs_the_first_step_eagerly(tiny_lm_data, tmp_path):
     _, _, graphs = train(
         gpt2(), tiny_lm_data, tmp_path, steps=3,

@@ -32,6 +32,7 @@ class Device:
     type: ClassVar[str]
     ddp_backend: ClassVar[str]
     compile_backend: ClassVar[str] = "inductor"
+    inductor_options: ClassVar[dict[str, Any]] = {}  # inductor config this device compiles with
     fast_ddp_dtype: ClassVar[str] = "float32"  # dtype of the fast_ddp fusion buffer by default
     behaviour: ClassVar[dict[str, str]]
 
