@@ -3,8 +3,8 @@
 GPT-2 4x256 (vocab 8192, sequence 128, batch 8), every setup trained from the same weights on the same
 blocks, interleaved and repeated in one process:
   trainer_fp32          transformers.Trainer, default arguments
-  trainer_fp32_compile  the same + --torch_compile: the fp32 reference of the compiled runs (compiled
-                        code draws its own dropout masks, so eager and compiled runs train differently)
+  trainer_fp32_compile  the same + --torch_compile: a plain Trainer's compiled code draws other dropout
+                        masks than eager code, so its loss shows how far that alone moves a run
   hand_tuned            transformers.Trainer --bf16 --optim adamw_torch_fused
   hand_tuned_compile    the same + --torch_compile
   gaudi                 GaudiTrainer --gaudi_config_name gpt2 --bf16
@@ -169,9 +169,10 @@ def run(
     text = (
         f"GPT-2 4x256, vocab {VOCAB}, sequence {BLOCK_SIZE}, batch {BATCH}: {flops / 1e9:.1f} GFLOP a step. "
         f"This CPU's measured bf16 matmul peak in this run: {peak / 1e9:.0f} GFLOP/s. {repeats} runs each, "
-        f"{warmup} warm-up steps (compilation) left out, {steps - warmup} steps timed. A bf16 eval loss is "
-        f"compared with the fp32 run on the same path, eager or compiled: a plain Trainer's compiled code "
-        f"draws other dropout masks than eager code (GaudiTrainer on CPU draws eager's).\n\n{small_table}\n\n"
+        f"{warmup} warm-up steps (compilation) left out, {steps - warmup} steps timed. GaudiTrainer's compiled "
+        f"code on CPU draws the dropout masks eager code draws, so its bf16 eval losses are compared with the "
+        f"eager fp32 run; a plain Trainer's compiled code draws others (trainer_fp32_compile)."
+        f"\n\n{small_table}\n\n"
         f"GPT-2 12x256 (same width and data, {deep_flops / 1e9:.1f} GFLOP a step), each run in a new process "
         f"with an empty compiler cache, so each compiles its model from scratch, after one compile of an "
         f"unrelated 1-layer model that pays the process's one-time costs (inductor's imports, C++ toolchain and "
