@@ -38,8 +38,8 @@ class CPUDevice(Device):
     ddp_backend = "gloo"
     on_host = True
     # Compiled code draws its random numbers (dropout) from torch's generator, as eager code does: the same
-    # random stream as an eager run, and faster here than inductor's own generator on CPU (GPT-2 4x256
-    # training step: 140.6 against 151.9 ms, measured in one process; see docs/benchmarks.md).
+    # random stream as an eager run, and faster here than inductor's own generator on CPU (the benchmarks'
+    # GPT-2 4x256 training step, compiled both ways in one process: 140.6 against 151.9 ms).
     inductor_options = {"fallback_random": True}
     behaviour = {
         "use_habana": "no Gaudi here: runs on CPU",
