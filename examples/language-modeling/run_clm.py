@@ -407,14 +407,35 @@ def resolve_block_size(
     raise UsageError(f"--block_size {requested} is longer than the model's {key}={limit}; lower --block_size.")
 
 
+def check_table_files(data_args: Any) -> None:
+    """The data checks of the examples that read tables (run_glue, run_summarization): --train_file and
+    --validation_file existing .csv/.json/.jsonl files, the second only with the first, and
+    --validation_split_percentage in (0, 100)."""
+    if data_args.validation_file and not data_args.train_file:
+        raise UsageError("--validation_file needs --train_file.")
+    for flag, path in (("--train_file", data_args.train_file), ("--validation_file", data_args.validation_file)):
+        if path is not None and Path(path).suffix.lower() not in {".csv", ".json", ".jsonl"}:
+            raise UsageError(f"{flag} {path}: use a .csv, .json or .jsonl file.")
+        if path is not None and not Path(path).is_file():
+            raise UsageError(f"{flag} {path} does not exist.")
+    if not 0 < data_args.validation_split_percentage < 100:
+        raise UsageError(
+            f"--validation_split_percentage must be in (0, 100), got {data_args.validation_split_percentage}."
+        )
+
+
 def load_model(
-    model_args: ModelArguments, config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase
+    model_args: ModelArguments,
+    config: PretrainedConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    auto_class: type = AutoModelForCausalLM,
 ) -> PreTrainedModel:
-    """The pretrained model, or a new one from `config`; embeddings resized if the tokenizer is larger."""
+    """The pretrained model, or a new one from `config` (an `auto_class` model: causal LM here, masked LM in
+    run_mlm); embeddings resized if the tokenizer is larger."""
     if model_args.model_name_or_path:
         dtype = {"dtype": model_args.torch_dtype} if model_args.torch_dtype else {}
         model = _from_pretrained(
-            AutoModelForCausalLM.from_pretrained,
+            auto_class.from_pretrained,
             model_args.model_name_or_path,
             "model",
             config=config,
@@ -422,7 +443,7 @@ def load_model(
             **_hub_kwargs(model_args),
         )
     else:
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=model_args.trust_remote_code)
+        model = auto_class.from_config(config, trust_remote_code=model_args.trust_remote_code)
         n_params = sum(p.numel() for p in model.parameters())
         logger.info("Training a new %s model from scratch: %.2fM parameters.", config.model_type, n_params / 1e6)
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:

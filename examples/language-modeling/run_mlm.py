@@ -26,7 +26,6 @@ from transformers import (
     AutoModelForMaskedLM,
     DataCollatorForLanguageModeling,
     EvalPrediction,
-    PreTrainedModel,
     PreTrainedTokenizerBase,
     set_seed,
 )
@@ -121,24 +120,6 @@ def _argmax_logits(logits: torch.Tensor | tuple, labels: torch.Tensor) -> torch.
     return (logits[0] if isinstance(logits, tuple) else logits).argmax(dim=-1)  # keep ids, not the full logits
 
 
-def load_model(model_args: ModelArguments, config, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
-    if model_args.model_name_or_path:
-        model = run_clm._from_pretrained(
-            AutoModelForMaskedLM.from_pretrained,
-            model_args.model_name_or_path,
-            "model",
-            config=config,
-            **run_clm._hub_kwargs(model_args),
-        )
-    else:
-        model = AutoModelForMaskedLM.from_config(config, trust_remote_code=model_args.trust_remote_code)
-        n_params = sum(p.numel() for p in model.parameters())
-        logger.info("Training a new %s masked LM from scratch: %.2fM parameters.", config.model_type, n_params / 1e6)
-    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
-        model.resize_token_embeddings(len(tokenizer))
-    return model
-
-
 def build_trainer(
     model_args: ModelArguments, data_args: DataTrainingArguments, training_args: GaudiTrainingArguments
 ) -> GaudiTrainer:
@@ -157,7 +138,7 @@ def build_trainer(
     tokenizer = load_mlm_tokenizer(model_args)
     config, user_keys = run_clm.load_config(model_args, tokenizer)
     block_size = run_clm.resolve_block_size(data_args, tokenizer, config, not model_args.model_name_or_path, user_keys)
-    model = load_model(model_args, config, tokenizer)
+    model = run_clm.load_model(model_args, config, tokenizer, AutoModelForMaskedLM)
 
     with training_args.main_process_first(desc="tokenizing"):
         if data_args.line_by_line:

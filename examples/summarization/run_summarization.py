@@ -89,17 +89,7 @@ class DataTrainingArguments:
     def __post_init__(self) -> None:
         if self.dataset_name and self.train_file:
             raise UsageError("give either --dataset_name or --train_file, not both.")
-        if self.validation_file and not self.train_file:
-            raise UsageError("--validation_file needs --train_file.")
-        for flag, path in (("--train_file", self.train_file), ("--validation_file", self.validation_file)):
-            if path is not None and Path(path).suffix.lower() not in {".csv", ".json", ".jsonl"}:
-                raise UsageError(f"{flag} {path}: use a .csv, .json or .jsonl file.")
-            if path is not None and not Path(path).is_file():
-                raise UsageError(f"{flag} {path} does not exist.")
-        if not 0 < self.validation_split_percentage < 100:
-            raise UsageError(
-                f"--validation_split_percentage must be in (0, 100), got {self.validation_split_percentage}."
-            )
+        run_clm.check_table_files(self)
         for name in ("max_source_length", "max_target_length"):
             if getattr(self, name) < 2:
                 raise UsageError(f"--{name} must be >= 2, got {getattr(self, name)}.")

@@ -100,17 +100,7 @@ class DataTrainingArguments:
     def __post_init__(self) -> None:
         if sum(map(bool, (self.task_name, self.dataset_name, self.train_file))) > 1:
             raise UsageError("give one of --task_name, --dataset_name or --train_file.")
-        if self.validation_file and not self.train_file:
-            raise UsageError("--validation_file needs --train_file.")
-        for flag, path in (("--train_file", self.train_file), ("--validation_file", self.validation_file)):
-            if path is not None and Path(path).suffix.lower() not in {".csv", ".json", ".jsonl"}:
-                raise UsageError(f"{flag} {path}: use a .csv, .json or .jsonl file.")
-            if path is not None and not Path(path).is_file():
-                raise UsageError(f"{flag} {path} does not exist.")
-        if not 0 < self.validation_split_percentage < 100:
-            raise UsageError(
-                f"--validation_split_percentage must be in (0, 100), got {self.validation_split_percentage}."
-            )
+        run_clm.check_table_files(self)
         if self.max_seq_length < 2:
             raise UsageError(f"--max_seq_length must be >= 2, got {self.max_seq_length}.")
 
