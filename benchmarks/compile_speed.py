@@ -95,10 +95,11 @@ def run_once(setup: str, model_kwargs: dict, data, steps: int, warmup: int) -> t
     return 1 / clock.seconds_per_step, clock.warmup_excess_seconds, eval_loss
 
 
-def run_fresh(setup: str, model_kwargs: dict, steps: int, warmup: int) -> tuple[float, float, float]:
+def run_fresh(setup: str, model_kwargs: dict, steps: int, warmup: int) -> tuple[float, ...]:
     """run_once in a new process with an empty compiler cache: nothing compiled before is reused, neither
     from disk (inductor's kernels and graphs) nor from memory; the process first warms the compiler on an
-    unrelated model (warm_the_compiler)."""
+    unrelated model (warm_the_compiler). Adds the C++ kernels the run built and the seconds its compiles
+    spent waiting for their builds."""
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
                "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}  # fmt: skip
@@ -117,10 +118,11 @@ def _interleaved(setups, run, repeats, log, label):
     results = {s: [] for s in setups}
     for r in range(repeats):  # interleaved, so drift in machine speed hits every setup alike
         for setup in setups:
-            sps, compile_s, loss = run(setup)
-            results[setup].append((sps, compile_s, loss))
+            result = run(setup)
+            results[setup].append(result)
+            sps, compile_s, loss = result[:3]
             log(f"  {label} {setup} run {r + 1}: {sps:.2f} steps/s, compile {compile_s:.1f} s, eval loss {loss:.4f}")
-    return {s: tuple(median([x[i] for x in v]) for i in range(3)) for s, v in results.items()}
+    return {s: tuple(median([x[i] for x in v]) for i in range(len(v[0]))) for s, v in results.items()}
 
 
 def lm_blocks(steps: int):
@@ -160,12 +162,17 @@ def run(
     )  # fmt: skip
     deep_flops = step_flops(DEEP)
     deep_rows = [
-        [setup, f"{compile_s:.0f}", f"{sps:.3f}", f"{100 * sps * deep_flops / peak:.0f}%", f"{loss:.4f}"]
-        for setup, (sps, compile_s, loss) in deep.items()
-    ]
+        [setup, f"{compile_s:.0f}", f"{cxx_wait:.0f}", f"{kernels:.0f}", f"{sps:.3f}",
+         f"{100 * sps * deep_flops / peak:.0f}%", f"{loss:.4f}"]
+        for setup, (sps, compile_s, loss, kernels, cxx_wait) in deep.items()
+    ]  # fmt: skip
     deep_table = markdown_table(
-        ["setup", "compile time (s, median)", "steps/s (median)", "share of bf16 peak", "eval loss"], deep_rows
-    )
+        ["setup", "compile time (s, median)", "of which waiting for g++ (s)", "C++ kernels built",
+         "steps/s (median)", "share of bf16 peak", "eval loss"],
+        deep_rows,
+    )  # fmt: skip
+    whole, regional = deep["gaudi_compile"], deep["gaudi_regional"]
+    rest_ratio = (regional[1] - regional[4]) / max(whole[1] - whole[4], 1e-9)
     text = (
         f"GPT-2 4x256, vocab {VOCAB}, sequence {BLOCK_SIZE}, batch {BATCH}: {flops / 1e9:.1f} GFLOP a step. "
         f"This CPU's measured bf16 matmul peak in this run: {peak / 1e9:.0f} GFLOP/s. {repeats} runs each, "
@@ -177,11 +184,26 @@ def run(
         f"with an empty compiler cache, so each compiles its model from scratch, after one compile of an "
         f"unrelated 1-layer model that pays the process's one-time costs (inductor's imports, C++ toolchain and "
         f"headers); compile time = warm-up time minus the same steps at steady speed; {deep_steps - warmup} "
-        f"steps timed, {deep_repeats} runs each.\n\n"
+        f"steps timed, {deep_repeats} runs each. A whole-model compile builds each distinct C++ kernel once "
+        f"too (the layers' kernels are the same code), so both build about the same kernels; leaving out the "
+        f"wait for them, regional compilation does {rest_ratio:.2f}x of the whole-model compile's work.\n\n"
         f"{deep_table}"
     )
     log(text)
     return text, {"small": small, "deep": deep, "peak": peak}
+
+
+def kernels_built() -> int:
+    """Shared libraries in this process's inductor cache: one g++ build each (run_fresh's cache is empty)."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return sum(1 for _ in Path(cache).rglob("*.so")) if cache else 0
+
+
+def seconds_waiting_for_cxx() -> float:
+    """How long compiles have waited for their C++ kernel builds (dynamo's ``async_compile.wait`` timer)."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return sum(compilation_time_metrics.get("async_compile.wait", []))
 
 
 def warm_the_compiler() -> None:
@@ -200,4 +222,6 @@ if __name__ == "__main__":  # one run_fresh request: setup, model sizes, steps, 
     setup, model_kwargs, steps, warmup, threads = json.loads(sys.argv[1])
     torch.set_num_threads(threads)
     warm_the_compiler()
-    print(json.dumps(run_once(setup, model_kwargs, lm_blocks(steps), steps, warmup)))
+    kernels, waited = kernels_built(), seconds_waiting_for_cxx()
+    result = run_once(setup, model_kwargs, lm_blocks(steps), steps, warmup)
+    print(json.dumps([*result, kernels_built() - kernels, seconds_waiting_for_cxx() - waited]))
