@@ -363,3 +363,15 @@ def test_a_lazy_run_never_meets_an_eager_bridge(bridge, tmp_path, tiny_gpt2, tin
     GaudiTrainer(model=tiny_gpt2(), args=hpu_args(tmp_path, use_lazy_mode=True), train_dataset=tiny_lm_data).train()
     names = bridge().names()
     assert "core.mark_step" in names and "core.mark_step.noop" not in names
+
+
+# ---- 13. inference graphs replay into the same output tensors: predictions must not alias them ---------------
+def test_predictions_with_inference_graphs_equal_those_without(bridge, tmp_path, tiny_gpt2, tiny_lm_data):
+    def predict(graphs):
+        args = hpu_args(tmp_path / str(graphs), use_lazy_mode=True, use_hpu_graphs_for_inference=graphs)
+        return GaudiTrainer(model=tiny_gpt2(), args=args).predict(tiny_lm_data[:12])  # three same-shape batches
+
+    plain, graphed = predict(False), predict(True)
+    assert len(bridge().calls_named(GRAPH_FORWARD, mode="replay")) == 2
+    assert graphed.predictions == pytest.approx(plain.predictions, abs=1e-6)
+    assert graphed.metrics["test_loss"] == pytest.approx(plain.metrics["test_loss"], abs=1e-6)

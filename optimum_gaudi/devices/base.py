@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +138,17 @@ class Device:
 
 
 GB = 1024**3
+
+
+def unaliased_outputs(outputs: Any) -> Any:
+    """A replayed graph's outputs, with each tensor cloned when grad is off.
+
+    A replay writes into the same output tensors every call, and the evaluation loop keeps a batch's logits
+    while the next batch replays. With grad on, backward uses the outputs before the next call.
+    """
+    if torch.is_grad_enabled():
+        return outputs
+    return tree_map_only(torch.Tensor, torch.clone, outputs)
 
 
 def _copy_into(static: Any, fresh: Any) -> None:

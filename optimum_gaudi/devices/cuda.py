@@ -15,9 +15,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map_only
 
-from .base import GB, Device
+from .base import GB, Device, unaliased_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -29,9 +28,7 @@ def compile_with_cuda_graphs(model: nn.Module) -> nn.Module:
 
     Each call first marks a new graph iteration (the previous call's outputs may be overwritten from
     then on), outside the compiled code, where torch's documentation asks for it. Without gradients
-    (evaluation, prediction) the outputs are cloned: the evaluation loop keeps a batch's logits while the
-    next batch replays the graph into the same memory. With gradients, backward uses them before the
-    next call.
+    (evaluation, prediction) the outputs are cloned (``unaliased_outputs``).
     """
     if getattr(model.__dict__.get("forward"), "cuda_graphs", False):
         return model  # already wrapped (the trainer restores the plain forward when it unwraps)
@@ -40,10 +37,7 @@ def compile_with_cuda_graphs(model: nn.Module) -> nn.Module:
     @functools.wraps(model.forward)  # keeps the signature the Trainer reads to select input columns
     def forward(*args: Any, **kwargs: Any) -> Any:
         torch.compiler.cudagraph_mark_step_begin()
-        outputs = compiled(*args, **kwargs)
-        if torch.is_grad_enabled():
-            return outputs
-        return tree_map_only(torch.Tensor, torch.clone, outputs)
+        return unaliased_outputs(compiled(*args, **kwargs))
 
     forward.cuda_graphs = True
     model.forward = forward

@@ -10,6 +10,7 @@ lists it runs with, and a difference is reported with the variables to set befor
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import logging
@@ -28,7 +29,7 @@ from ..op_lists import (
     HABANA_DEFAULT_FP32_OPS,
     op_list_environment,
 )
-from .base import GB, Device
+from .base import GB, Device, unaliased_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -226,10 +227,20 @@ class HPUDevice(Device):
     def wrap_for_inference(
         self, model: torch.nn.Module, disable_tensor_cache: bool, max_graphs: int | None = None
     ) -> torch.nn.Module:
+        """wrap_in_hpu_graph returns the same output tensors at every replay (``hpu/graphs.py``): cloned
+        without grad, as predictions kept across batches need."""
         hthpu = self._graphs_or_warn("wrap_in_hpu_graph")
         if hthpu is None:
             return model
-        return hthpu.wrap_in_hpu_graph(model, disable_tensor_cache=disable_tensor_cache, max_graphs=max_graphs)
+        model = hthpu.wrap_in_hpu_graph(model, disable_tensor_cache=disable_tensor_cache, max_graphs=max_graphs)
+        graphed = model.forward
+
+        @functools.wraps(graphed)  # keeps the signature the Trainer reads to select input columns
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return unaliased_outputs(graphed(*args, **kwargs))
+
+        model.forward = forward
+        return model
 
     def static_shapes(self, lazy_mode: bool) -> bool:
         """Lazy mode compiles (and HPU Graphs capture) one graph per input shape."""
