@@ -279,6 +279,21 @@ def test_bridge_for_another_torch_is_a_clear_line_not_a_crash(bridge, monkeypatc
     assert len(lines) == 1 and "\n" not in lines[0] and "torch" in lines[0]
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "error"),
+    [("FAKE_HPU_STOCK_TORCH", "untagged", "AttributeError"), ("FAKE_HPU_PLUGIN_MISSING", "1", "OSError")],
+)
+def test_a_bridge_that_fails_to_load_falls_back_with_one_line(bridge, monkeypatch, caplog, variable, value, error):
+    from optimum_gaudi.devices import detect_device, unavailable_reason
+
+    monkeypatch.setenv(variable, value)
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        assert detect_device(use_habana=True).type == "cpu"
+    assert error in unavailable_reason()
+    lines = [r.getMessage() for r in caplog.records if "cannot load" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0]
+
+
 # ---- 9. FusedClipNorm built once, a scalar norm like torch's -------------------------------------------------
 def test_fused_clip_norm_is_built_once_and_returns_torchs_norm(bridge, tmp_path, tiny_gpt2, tiny_lm_data):
     config = GaudiConfig(use_fused_clip_norm=True)

@@ -217,6 +217,16 @@ def test_torch_version_mismatch_is_an_assertion_at_import(bridge, monkeypatch):
         import habana_frameworks.torch  # noqa: F401
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "error"),
+    [("FAKE_HPU_STOCK_TORCH", "untagged", AttributeError), ("FAKE_HPU_PLUGIN_MISSING", "1", OSError)],
+)
+def test_an_untagged_torch_or_a_missing_plugin_fails_the_import(bridge, monkeypatch, variable, value, error):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(error):
+        import habana_frameworks.torch  # noqa: F401
+
+
 def test_fused_clip_norm_returns_a_shape_one_norm_in_the_parameters_dtype(bridge):
     from habana_frameworks.torch.hpex.normalization import FusedClipNorm
 

@@ -105,8 +105,9 @@ def prepare_bridge(lazy: bool, op_lists: tuple[list[str], list[str]] | None) -> 
 
 
 def hpu_available() -> bool:
-    """True when the bridge loads and sees at least one Gaudi. A bridge that cannot load (built for another
-    torch: it asserts the version at import) is said in one line and counts as no Gaudi."""
+    """True when the bridge loads and sees at least one Gaudi. A bridge that cannot load is said in one line
+    and counts as no Gaudi: its import asserts the torch version, reads torch's local version tag (an
+    AttributeError without one) and loads its plugin library (an OSError), ``torch/__init__.py``."""
     global _unavailable_reason
     if not bridge_installed():
         return False
@@ -114,11 +115,11 @@ def hpu_available() -> bool:
         hthpu = importlib.import_module("habana_frameworks.torch.hpu")
     except ImportError:
         return False
-    except AssertionError as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else "an assertion failed while it loaded"
+    except Exception as e:
+        reason = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}" if str(e).strip() else type(e).__name__
         if reason != _unavailable_reason:
             logger.warning(
-                "habana_frameworks cannot load: %s Install the Gaudi software's own torch build (the one its "
+                "habana_frameworks cannot load (%s). Install the Gaudi software's own torch build (the one its "
                 "habana-torch-plugin was built for) or the plugin matching torch %s.",
                 reason,
                 torch.__version__,

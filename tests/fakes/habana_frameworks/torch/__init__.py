@@ -3,9 +3,12 @@
 As ``python_packages/habana_frameworks/torch/__init__.py`` does, importing it:
 
 - marks the backend loaded for the autoload entry point (``habana_frameworks.autoload.is_loaded``);
+- reads the local tag of torch's version first: a torch without one (FAKE_HPU_STOCK_TORCH=untagged, as
+  PyPI's ``2.5.1``) fails with AttributeError;
 - asserts that the running torch has the major.minor version the bridge was built for (here
   FAKE_HPU_BUILT_FOR_TORCH, default: the running torch's) and, in lazy mode, that it is Habana's torch
-  fork (FAKE_HPU_STOCK_TORCH=1 simulates a stock torch);
+  fork (FAKE_HPU_STOCK_TORCH=1 simulates a stock torch with a local tag, as ``2.5.1+cpu``);
+- loads its plugin library with ``ctypes.CDLL``: FAKE_HPU_PLUGIN_MISSING=1 makes that fail with OSError;
 - reads the PT_HPU_* environment once (lazy mode: ``utils/internal.py``; autocast op lists:
   ``_autocast_lists``, exposed as ``habana_frameworks.autocast_lists``);
 - replaces torch.profiler's activity enum (``activity_profiler``), registers the 'hccl' backend and
@@ -15,6 +18,7 @@ Unlike the real bridge it does NOT register ``torch.hpu`` as a device module: tr
 device 'hpu' as soon as ``torch.hpu.is_available()`` is true, and torch here has no 'hpu' device.
 """
 
+import ctypes
 import os
 
 import torch as _torch
@@ -26,15 +30,20 @@ habana_frameworks.autoload.is_loaded = True
 
 from .utils.internal import is_lazy  # noqa: E402
 
+# torch/__init__.py: `is_torch_fork = run_time_ver.local.startswith("git")`, before the version assert; a
+# version without local tag has local None, so that line raises AttributeError.
+_local = {"1": "cpu", "untagged": None}.get(os.environ.get("FAKE_HPU_STOCK_TORCH", ""), "git0")
+_is_torch_fork = _local.startswith("git")
 _built_for = os.environ.get("FAKE_HPU_BUILT_FOR_TORCH") or ".".join(_torch.__version__.split(".")[:2])
 _running = ".".join(_torch.__version__.split("+")[0].split(".")[:2])
 assert _running == _built_for, (
     f"Error: Compile-time major/minor PyTorch version {_built_for} differs from run-time {_torch.__version__}."
 )
 if is_lazy():
-    assert os.environ.get("FAKE_HPU_STOCK_TORCH") != "1", (
-        f"Stock PyTorch version {_torch.__version__} is not supported in Lazy mode."
-    )
+    assert _is_torch_fork, f"Stock PyTorch version {_torch.__version__} is not supported in Lazy mode."
+if os.environ.get("FAKE_HPU_PLUGIN_MISSING") == "1":  # torch/__init__.py: ctypes.CDLL(lib/<plugin>.so) fails
+    _lib = "libhabana_pytorch{}_plugin{}.so".format("" if is_lazy() else "2", "" if _is_torch_fork else ".upstream")
+    ctypes.CDLL(os.path.join(os.path.dirname(__file__), "lib", _lib), ctypes.RTLD_GLOBAL)  # raises OSError
 
 _hf.env_at_import = _hf.snapshot_env()
 from ._autocast_lists import load as _load_autocast_lists  # noqa: E402
