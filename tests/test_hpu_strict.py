@@ -180,6 +180,14 @@ def test_fast_ddp_with_hpu_graphs_graphs_the_inner_model(bridge, tmp_path, tiny_
     assert "hpu.ModuleCacher.__call__" in bridge().names()
 
 
+def test_a_parameter_unused_in_the_forward_trains_with_hpu_graphs(bridge, tmp_path, tiny_gpt2, tiny_lm_data):
+    model = tiny_gpt2()
+    model.unused_pooler = torch.nn.Linear(2, 2)  # trainable, never called (LayerDrop, an unused pooler)
+    args = hpu_args(tmp_path, use_lazy_mode=True, use_hpu_graphs_for_training=True)
+    GaudiTrainer(model=model, args=args, train_dataset=tiny_lm_data).train()
+    assert bridge().calls_named("hpu.ModuleCacher.capture")
+
+
 # ---- 5. graph API in eager mode ------------------------------------------------------------------------------
 def test_graph_api_runs_on_an_eager_gaudi(bridge, caplog):
     import habana_frameworks.torch  # noqa: F401  (1.21: eager, the graph API is not exported)

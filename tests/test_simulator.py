@@ -175,6 +175,20 @@ def test_module_cacher_caches_at_most_max_graphs_training_shapes(bridge, monkeyp
     assert model.weight.grad is not None
 
 
+def test_module_cacher_capture_fails_on_an_unused_parameter_unless_allowed(bridge, monkeypatch):
+    ht = lazy_bridge(monkeypatch)
+    for allowed in (False, True):
+        model = torch.nn.Linear(3, 2)
+        model.unused = torch.nn.Parameter(torch.zeros(2))
+        model = ht.hpu.ModuleCacher()(model=model, inplace=True, allow_unused_input=allowed)
+        if not allowed:
+            with pytest.raises(RuntimeError, match="not have been used in the graph"):
+                model(torch.randn(1, 3))
+            continue
+        model(torch.randn(1, 3)).sum().backward()
+        assert model.weight.grad is not None
+
+
 @BOTH
 def test_profiler_enum_is_replaced_and_foreign_values_record_nothing(bridge, tmp_path):
     original = torch.profiler.ProfilerActivity

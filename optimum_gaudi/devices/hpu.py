@@ -223,7 +223,9 @@ class HPUDevice(Device):
         if hthpu is None:
             return model
         cacher = hthpu.ModuleCacher() if max_graphs is None else hthpu.ModuleCacher(max_graphs=max_graphs)
-        return cacher(model=model, inplace=True)
+        # The capture differentiates every trainable parameter (hpu/graphs.py); by default one the forward does
+        # not use (LayerDrop, an unused pooler) fails the first step. Optimum Habana allows them too.
+        return cacher(model=model, inplace=True, allow_unused_input=True)
 
     def wrap_for_inference(
         self, model: torch.nn.Module, disable_tensor_cache: bool, max_graphs: int | None = None

@@ -15,7 +15,9 @@ Follows ``hpu/graphs.py``:
   forwards (module in training mode, grad enabled, lazy mode), at most ``max_graphs``; other forwards run
   the plain forward. A cached forward here runs the model's own forward, so gradients are exact (the
   static-output aliasing of the real training graphs is not simulated). Capturing a DistributedDataParallel
-  model fails as in the real ``GraphModel``.
+  model fails as in the real ``GraphModel``. A capture also captures the backward, from every output that
+  requires grad to every input and parameter that does, with ``allow_unused=allow_unused_input`` (default
+  False): a trainable parameter the forward does not use fails the first step.
 - ``make_graphed_callables`` checks its arguments as the real one does (no hooks, buffers without grad,
   tensor-only sample args, given as tuples); a call of a graphed callable copies its inputs into static
   tensors of the sample args' shapes (another shape fails, as in the bridge) and runs the original code.
@@ -157,6 +159,27 @@ def make_graphed_callables(
     return graphed[0] if single else tuple(graphed)
 
 
+def _tensors(obj):
+    """The tensors ``TensorPacker.pack`` finds in nested tuples, lists and dicts."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return [t for item in obj for t in _tensors(item)]
+    return []
+
+
+def _capture_backward(outputs, inputs, allow_unused):
+    """``make_graphed_callables`` captures the backward with ``torch.autograd.grad(..., allow_unused=
+    allow_unused_input)``: an input that requires grad but was not used fails unless allowed."""
+    outputs = [t for t in _tensors(outputs) if t.requires_grad]
+    inputs = [t for t in inputs if t.requires_grad]
+    if not allow_unused and outputs and inputs:
+        grad_outputs = [torch.zeros_like(t) for t in outputs]
+        torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph=True, allow_unused=False)
+
+
 class _Captured:
     def __init__(self, inputs, outputs):
         self.inputs = inputs  # the caller's tensors of the capture call: replays copy new inputs into them
@@ -281,6 +304,7 @@ class ModuleCacher(torch.nn.Module):
         self.orig_model = copy.copy(model)
         self.forward_params = _forward_params(self.orig_model.forward)
         self.model = model
+        self.allow_unused_input = allow_unused_input
         model.orig_forward = model.forward
         model.forward = self.forward
         model.set_iteration_count = self.set_iteration_count
@@ -299,14 +323,19 @@ class ModuleCacher(torch.nn.Module):
         key = _input_key(full)
         use_cache = self.model.training and torch.is_grad_enabled() and self.use_lazy_mode
         if use_cache and (key in self.graph_keys or len(self.graph_keys) < self.max_graphs):
-            if key not in self.graph_keys:
+            capture = key not in self.graph_keys
+            if capture:
                 assert not isinstance(
                     self.orig_model, (torch.nn.parallel.DataParallel, torch.nn.parallel.DistributedDataParallel)
                 ), "Use DataParallel/DistributedDataParallel only after wrapping with ModuleCacher"
-                self.graph_keys.append(key)
-                _hf.record("hpu.ModuleCacher.capture", graphs=len(self.graph_keys))
+                _hf.record("hpu.ModuleCacher.capture", graphs=len(self.graph_keys) + 1)
             _hf.record("hpu.ModuleCacher.forward", training=self.model.training, cached=True)
-            return self.orig_model(**full)
+            outputs = self.orig_model(**full)
+            if capture:  # the real GraphModel: inputs are the packed arguments, then the parameters
+                inputs = _tensors(full) + list(self.orig_model.parameters())
+                _capture_backward(outputs, inputs, self.allow_unused_input)
+                self.graph_keys.append(key)
+            return outputs
         _hf.record("hpu.ModuleCacher.forward", training=self.model.training, cached=False)
         return self.model.orig_forward(*args, **kwargs)
 
