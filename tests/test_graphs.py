@@ -43,3 +43,29 @@ def test_capture_on_the_simulated_bridge_uses_hpu_graphs(bridge, monkeypatch):
     names = bridge().names()
     for expected in ("hpu.HPUGraph", "hpu.HPUGraph.capture_begin", "hpu.HPUGraph.replay", "hpu.make_graphed_callables"):
         assert expected in names
+
+
+def test_a_captured_training_step_replays_on_cpu():
+    def training_step(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x, y):
+            opt.zero_grad(set_to_none=False)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        return model, step
+
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    eager_model, eager_step = training_step(0)
+    eager = [eager_step(x, y).item() for _ in range(4)]
+    model, step = training_step(0)
+    graph = graphs.Graph(CPUDevice())
+    static_loss = graph.capture(step, x, y)
+    replayed = [static_loss.item()] + [graph.replay().item() for _ in range(3)]
+    assert replayed == pytest.approx(eager)
+    assert torch.equal(model.weight, eager_model.weight)

@@ -109,13 +109,17 @@ class Device:
         """Run `fn` once on `static_inputs`; return its outputs and a replay function that refreshes them.
 
         Without graph hardware, replay re-runs `fn` and copies the results into the same output tensors,
-        which is what a replayed graph does to its static outputs.
+        which is what a replayed graph does to its static outputs. It re-runs in the grad mode of the capture:
+        a captured training step (forward, backward, optimizer step) needs grad on.
         """
+        grad_enabled = torch.is_grad_enabled()
         outputs = fn(*static_inputs)
 
         def replay() -> None:
+            with torch.set_grad_enabled(grad_enabled):
+                fresh = fn(*static_inputs)
             with torch.no_grad():
-                _copy_into(outputs, fn(*static_inputs))
+                _copy_into(outputs, fresh)
 
         return outputs, replay
 
