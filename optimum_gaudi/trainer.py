@@ -264,10 +264,15 @@ class GaudiTrainerMixin(TrainerShims):
 
     # ---- step hooks ---------------------------------------------------------------------------------
 
-    def _autocast_kept(self) -> contextlib.AbstractContextManager:
-        """Around a whole loop: the op-list autocast's kernels installed once, not at every forward."""
+    def _loop_context(self) -> contextlib.ExitStack:
+        """Around a whole training or evaluation loop: the op-list autocast's kernels installed once, not at
+        every forward, and the device's memory kept from one step to the next."""
+        stack = contextlib.ExitStack()
         autocast = self._autocast() if self._autocast is not None else None
-        return autocast.kept() if isinstance(autocast, OpListAutocast) else contextlib.nullcontext()
+        if isinstance(autocast, OpListAutocast):
+            stack.enter_context(autocast.kept())
+        stack.enter_context(self.gaudi_device.loop_memory())
+        return stack
 
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> contextlib.AbstractContextManager:
         return self._autocast() if self._autocast is not None else super().autocast_smart_context_manager(cache_enabled)
@@ -305,7 +310,7 @@ class GaudiTrainerMixin(TrainerShims):
 
     def evaluation_loop(self, *args: Any, **kwargs: Any):
         self._throughput.eval_begin()
-        with self._autocast_kept():
+        with self._loop_context():
             return super().evaluation_loop(*args, **kwargs)
 
     def prediction_step(
@@ -362,7 +367,7 @@ class GaudiTrainerMixin(TrainerShims):
             check_weights_fit(self.model, checkpoint)
         elif self.args.overwrite_output_dir and self.args.should_save:
             remove_previous_checkpoints(self.args.output_dir)
-        with self._autocast_kept():
+        with self._loop_context():
             return super().train(checkpoint, *args, **kwargs)
 
     def _get_output_dir(self, trial: Any) -> str:

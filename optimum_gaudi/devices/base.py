@@ -65,6 +65,11 @@ class Device:
     def reset_peak_memory_stats(self) -> None:
         """Start the peak-memory count afresh (at train start), where the device can."""
 
+    def loop_memory(self) -> contextlib.AbstractContextManager:
+        """Around a training or evaluation loop: how the device keeps memory freed from one step for the
+        next. Device memory has its caching allocator already; host memory is the host's business."""
+        return contextlib.nullcontext()
+
     def fused_adamw(self) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
         """The optimizer class (and extra kwargs) of the fastest AdamW on this device."""
         return torch.optim.AdamW, {"fused": True}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 
+from ..host_memory import freed_memory_kept
 from .base import GB, Device
 
 
@@ -53,6 +55,10 @@ class CPUDevice(Device):
         "distribution_strategy": "gloo process group",
         "torch_compile": "inductor backend",
     }
+
+    def loop_memory(self) -> contextlib.AbstractContextManager:
+        """The model trains in host memory: glibc keeps freed blocks for the next step (host_memory)."""
+        return freed_memory_kept()
 
     def memory_info(self) -> tuple[int, int]:
         """System RAM: available (what the kernel can hand out without swapping) and total."""
