@@ -44,14 +44,15 @@ TRAINER_STATE_NAME = "trainer_state.json"
 STAGING_PREFIX = ".staging-"
 MIN_FREE_BYTES = 1 << 20  # less than this free where --output_dir lives: the disk is full
 _CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
-# Model weights as transformers, PEFT, FSDP and DeepSpeed write them (any one is enough).
+# Model weights as transformers, PEFT, FSDP and DeepSpeed write them (any one is enough); the files in the order
+# Trainer._load_from_checkpoint looks for them.
 _WEIGHT_FILES = (
     "model.safetensors",
     "pytorch_model.bin",
-    "model.safetensors.index.json",
-    "pytorch_model.bin.index.json",
     "adapter_model.safetensors",
     "adapter_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
 )
 _WEIGHT_PATTERNS = ("global_step*", "pytorch_model_fsdp*", "*/adapter_model.safetensors", "*/adapter_model.bin")
 
@@ -140,9 +141,13 @@ def _file_problem(path: Path, relative: str) -> str | None:
         return f"{relative} is not a complete torch file"
     if path.suffix == ".json":
         try:
-            json.loads(path.read_text(encoding="utf-8"))
+            content = json.loads(path.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError):
             return f"{relative} is not valid JSON"
+        shards = content.get("weight_map", {}) if isinstance(content, dict) else {}
+        absent = sorted({s for s in shards.values() if not (path.parent / s).is_file()})
+        if absent:  # the index of sharded weights
+            return f"{relative} names {absent[0]}, which is missing"
     return None
 
 
@@ -230,19 +235,78 @@ def resolve_resume(resume: str | bool | None, output_dir: str | os.PathLike) -> 
     return str(resume)
 
 
+def _tensor_shapes(path: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape of one weight file: a safetensors header, or a memory-mapped torch file whose tensor
+    data is never read."""
+    if path.suffix == ".safetensors":
+        return safetensors_shapes(path)
+    import torch
+
+    return {
+        name: list(t.shape) for name, t in torch.load(path, map_location="cpu", weights_only=True, mmap=True).items()
+    }
+
+
+def saved_weights(checkpoint: str | os.PathLike) -> tuple[str, dict[str, list[int]]] | None:
+    """(the weight file resuming loads, tensor name -> shape of all it holds, shards included); None for weights
+    only DeepSpeed or FSDP read."""
+    directory = Path(checkpoint)
+    name = next((n for n in _WEIGHT_FILES if (directory / n).is_file()), None)
+    if name is None:
+        return None
+    if not name.endswith(".index.json"):
+        return name, _tensor_shapes(directory / name)
+    shards = sorted(set(json.loads((directory / name).read_text(encoding="utf-8"))["weight_map"].values()))
+    return name, {k: v for shard in shards for k, v in _tensor_shapes(directory / shard).items()}
+
+
+def _expected_weights(model: Any, adapter: bool) -> tuple[dict[str, list[int]], dict[str, set[str]]]:
+    """(name -> shape of what resuming loads into ``model``, name -> the names of its tensor: a full save keeps one
+    name of tied weights, as GPT-2's lm_head is its embedding). Adapter files hold the trainable state of a PEFT
+    model, none for a model without adapters."""
+    if adapter:
+        if not hasattr(model, "peft_config"):
+            return {}, {}
+        from peft import get_peft_model_state_dict
+
+        shapes = {n: list(t.shape) for n, t in get_peft_model_state_dict(model).items()}
+        return shapes, {n: {n} for n in shapes}
+    state = model.state_dict(keep_vars=True)  # the parameters themselves: ZeRO-3 keeps their shape in ds_shape
+    names: dict[int, set[str]] = {}
+    for name, tensor in state.items():
+        names.setdefault(id(tensor), set()).add(name)
+    shapes = {n: list(getattr(t, "ds_shape", t.shape)) for n, t in state.items()}
+    return shapes, {n: names[id(t)] for n, t in state.items()}
+
+
+def _listed(names: list[str]) -> str:
+    return f"{len(names)} weight(s) ({names[0]}{', ...' if len(names) > 1 else ''})"
+
+
 def check_weights_fit(model: Any, checkpoint: str | os.PathLike) -> None:
-    """Raise CheckpointError when the checkpoint's weights have other shapes than ``model``'s (another size)."""
-    weights = Path(checkpoint) / "model.safetensors"
-    if model is None or not weights.is_file():
+    """Raise CheckpointError unless the checkpoint holds the weights of ``model``, names and shapes (read from
+    headers): transformers would load another model's weights in part, or fail with a page of traceback."""
+    found = None if model is None else saved_weights(checkpoint)
+    if found is None:
         return
-    saved = safetensors_shapes(weights)
-    for name, tensor in model.state_dict().items():
-        if name in saved and list(tensor.shape) != list(saved[name]):
-            raise CheckpointError(
-                f"--resume_from_checkpoint {checkpoint} holds another model: {name} is "
-                f"{'x'.join(map(str, saved[name]))} there and {'x'.join(map(str, tensor.shape))} here; "
-                "resume with the model configuration it was trained with."
-            )
+    file, saved = found
+    expected, aliases = _expected_weights(model, file.startswith("adapter_"))
+    regenerated = set(getattr(model, "_keys_to_ignore_on_save", None) or ())  # never saved (Marian's positions)
+    extra = sorted(saved.keys() - expected.keys() - regenerated)
+    missing = [n for n in expected if not aliases[n] & saved.keys() and n not in regenerated]
+    resized = [n for n in expected if n in saved and expected[n] != list(saved[n])]
+    if resized:
+        name = resized[0]
+        detail = f"{name} is {'x'.join(map(str, saved[name]))} there and {'x'.join(map(str, expected[name]))} here"
+    elif extra or missing:
+        detail = f"it has {_listed(extra)} this model lacks" if extra else f"it lacks {_listed(missing)} of this model"
+    else:
+        return
+    settings = "adapter settings (--lora_rank, ...)" if file.startswith("adapter_") else "model configuration"
+    raise CheckpointError(
+        f"--resume_from_checkpoint {checkpoint} holds another model ({file}): {detail}; "
+        f"resume with the {settings} it was trained with."
+    )
 
 
 # ---- writing ------------------------------------------------------------------------------------------------

@@ -506,6 +506,17 @@ CASES = [
         "holds another model",
         id="resume-other-size",
     ),  # fmt: skip
+    P(
+        lambda w: [
+            *w.base,
+            "--config_overrides",
+            "n_layer=2,n_embd=16,n_head=2,n_positions=64",
+            "--resume_from_checkpoint",
+            str(w.checkpoint()),
+        ],
+        "holds another model (model.safetensors): it lacks 12 weight(s) (transformer.h.1.",
+        id="resume-other-depth",
+    ),  # fmt: skip
     P(lambda w: [*w.base, "--resume_from_checkpoint", "true"], "holds no checkpoint", id="resume-true-nothing"),
 ]
 

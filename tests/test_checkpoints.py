@@ -32,6 +32,7 @@ from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.checkpoints import (
     MANIFEST_NAME,
     CheckpointError,
+    check_weights_fit,
     checkpoint_problem,
     latest_complete_checkpoint,
     list_checkpoints,
@@ -238,6 +239,57 @@ def test_best_model_checkpoint_names_the_published_directory(tmp_path):
 def test_resume_true_without_a_checkpoint_is_a_checkpoint_error(tmp_path):
     with pytest.raises(CheckpointError, match="holds no checkpoint"):
         make_trainer(tmp_path / "run", max_steps=1).train(resume_from_checkpoint=True)
+
+
+# ---- a checkpoint of another model -------------------------------------------------------------------------
+
+
+def _save_weights(model, directory: Path, kind: str) -> Path:
+    """``model``'s weights as a checkpoint holds them: one safetensors file, shards with an index, or a torch file."""
+    if kind == "bin":
+        directory.mkdir(parents=True)
+        torch.save(model.state_dict(), directory / "pytorch_model.bin")
+    else:
+        model.save_pretrained(directory, max_shard_size="20KB" if kind == "sharded" else "5GB")
+    return directory
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "sharded", "bin"])
+@pytest.mark.parametrize(
+    "other, words",
+    [
+        ({"n_layer": 2}, "it has 12 weight(s) (transformer.h.1."),  # none differs in shape
+        ({"n_embd": 64}, "is 100x64 there and 100x32 here"),
+    ],
+)
+def test_a_checkpoint_of_another_model_is_refused_in_every_weight_format(tmp_path, kind, other, words):
+    checkpoint = _save_weights(tiny.gpt2(**other), tmp_path / "ckpt", kind)
+    if kind == "sharded":
+        assert (checkpoint / "model.safetensors.index.json").is_file()
+    with pytest.raises(CheckpointError, match="holds another model") as refused:
+        check_weights_fit(tiny.gpt2(), checkpoint)
+    assert words in str(refused.value) and "\n" not in str(refused.value)
+    with pytest.raises(CheckpointError, match="holds another model"):  # fewer layers than the model
+        check_weights_fit(tiny.gpt2(**{**other, "n_layer": 3}), checkpoint)
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "sharded", "bin"])
+def test_a_checkpoint_of_the_same_model_fits_in_every_weight_format(tmp_path, kind):
+    check_weights_fit(tiny.gpt2(), _save_weights(tiny.gpt2(seed=1), tmp_path / "ckpt", kind))  # lm_head is tied
+
+
+def test_lora_adapters_of_another_rank_are_refused(tmp_path):
+    peft = pytest.importorskip("peft")
+
+    def lora(rank):
+        return peft.get_peft_model(tiny.gpt2(), peft.LoraConfig(r=rank, target_modules=["c_attn"]))
+
+    lora(4).save_pretrained(tmp_path / "ckpt")
+    check_weights_fit(lora(4), tmp_path / "ckpt")
+    with pytest.raises(CheckpointError, match="lora_A.weight is 4x32 there and 8x32 here"):
+        check_weights_fit(lora(8), tmp_path / "ckpt")
+    with pytest.raises(CheckpointError, match="holds another model"):  # adapters, and a model without any
+        check_weights_fit(tiny.gpt2(), tmp_path / "ckpt")
 
 
 # ---- a full disk --------------------------------------------------------------------------------------------
