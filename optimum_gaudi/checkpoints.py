@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import json
 import logging
 import os
+import pickle
 import re
 import shutil
 import struct
@@ -77,6 +79,11 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
         return []
     found = [p for p in directory.iterdir() if checkpoint_step(p) is not None and p.is_dir()]
     return sorted(found, key=checkpoint_step)
+
+
+def _span(checkpoints: list[Path]) -> str:
+    names = [p.name for p in checkpoints]
+    return ", ".join(names) if len(names) <= 3 else f"{names[0]}, ..., {names[-1]}"
 
 
 class _HeaderProblem(ValueError):
@@ -151,6 +158,46 @@ def _file_problem(path: Path, relative: str) -> str | None:
     return None
 
 
+class _Inert:
+    """Stands for every class a pickle names: reading it imports and runs nothing."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+
+class _InertUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> type:
+        return _Inert
+
+    def persistent_load(self, pid: Any) -> None:
+        return None
+
+
+def _saved_only_model(directory: Path) -> bool:
+    """Whether the checkpoint's training_args.bin (a torch-saved pickle, read inertly) says --save_only_model."""
+    try:
+        with zipfile.ZipFile(directory / "training_args.bin") as archive:
+            pickled = next(n for n in archive.namelist() if n.endswith("/data.pkl"))
+            args = _InertUnpickler(io.BytesIO(archive.read(pickled))).load()
+    except Exception:  # absent or unreadable: nothing says the optimizer was left out on purpose
+        return False
+    state = getattr(args, "state", None)
+    return isinstance(state, dict) and state.get("save_only_model") is True
+
+
+def _missing_training_state(directory: Path) -> str | None:
+    """'optimizer.pt or scheduler.pt' when a checkpoint lacks them: transformers resumes without them, silently,
+    with a fresh optimizer and schedule. None with --save_only_model, and for DeepSpeed (global_step* holds both);
+    FSDP writes optimizer.bin or optimizer_0/."""
+    if any(directory.glob("global_step*")) or _saved_only_model(directory):
+        return None
+    found = {"optimizer.pt": any(directory.glob("optimizer*")), "scheduler.pt": (directory / "scheduler.pt").is_file()}
+    return " or ".join(name for name, present in found.items() if not present) or None
+
+
 def checkpoint_problem(path: str | os.PathLike) -> str | None:
     """Why ``path`` is not a complete checkpoint to resume from, in a few words; None when it is one."""
     directory = Path(path)
@@ -164,9 +211,9 @@ def checkpoint_problem(path: str | os.PathLike) -> str | None:
         problem = _manifest_problem(directory)
         if problem:
             return problem
+    inner = list_checkpoints(directory)
+    hint = f" (it holds {_span(inner)}: pass {inner[-1]}, or --output_dir {directory} with 'true')" if inner else ""
     if not (directory / TRAINER_STATE_NAME).is_file():
-        inner = list_checkpoints(directory)
-        hint = f" (it holds {inner[-1].name}: pass that, or --output_dir {directory} with 'true')" if inner else ""
         return f"has no {TRAINER_STATE_NAME}{hint}"
     try:
         TrainerState.load_from_json(str(directory / TRAINER_STATE_NAME))
@@ -177,6 +224,9 @@ def checkpoint_problem(path: str | os.PathLike) -> str | None:
     )
     if not has_weights:
         return "holds no model weights"
+    missing = _missing_training_state(directory)
+    if missing:
+        return f"is a saved model, not a checkpoint: it has no {missing}{hint}"
     for file in sorted(p for p in directory.rglob("*") if p.is_file()):
         problem = _file_problem(file, str(file.relative_to(directory)))
         if problem:
@@ -495,10 +545,10 @@ def check_output_dir(args: Any) -> None:
     if not previous:
         return
     if not getattr(args, "overwrite_output_dir", False):
-        names = previous[0].name if len(previous) == 1 else f"{previous[0].name} ... {previous[-1].name}"
         raise UserError(
-            f"--output_dir {out} already holds checkpoints of a run ({names}): add --resume_from_checkpoint true "
-            "to continue it, or --overwrite_output_dir to start over (its checkpoints are deleted)."
+            f"--output_dir {out} already holds checkpoints of a run ({_span(previous)}): add "
+            "--resume_from_checkpoint true to continue it, or --overwrite_output_dir to start over (its checkpoints "
+            "are deleted)."
         )
 
 

@@ -417,8 +417,13 @@ CASES = [
     ),  # fmt: skip
     P(
         lambda w: [*w.base, "--resume_from_checkpoint", str(w.checkpoint("run/checkpoint-2").parent)],
-        "it holds checkpoint-2: pass that",
+        "it holds checkpoint-2: pass ",
         id="resume-output-dir",
+    ),  # fmt: skip
+    P(
+        lambda w: [*w.base, "--resume_from_checkpoint", str(w.assets / "run")],
+        "is a saved model, not a checkpoint: it has no optimizer.pt or scheduler.pt (it holds checkpoint-1, checkpoint-2",
+        id="resume-finished-output-dir",
     ),  # fmt: skip
     P(
         lambda w: [*w.base, "--resume_from_checkpoint", truncated(w, "model.safetensors")],

@@ -14,6 +14,7 @@ import logging
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -176,8 +177,6 @@ def test_a_checkpoint_is_published_with_a_manifest_and_no_staging_left(finished_
 
 
 def _copy_run(src: Path, dst: Path) -> Path:
-    import shutil
-
     shutil.copytree(src, dst)
     return dst
 
@@ -206,6 +205,32 @@ def test_training_resumes_from_the_newest_complete_checkpoint_and_cleans_staging
     assert not list(run.glob(".staging-*"))
     assert checkpoint_problem(run / "checkpoint-3") is None  # written again, complete this time
     assert checkpoint_problem(run / "checkpoint-4") is None
+
+
+@pytest.mark.parametrize("checkpoints", [True, False])
+def test_a_finished_runs_output_dir_is_not_a_checkpoint(finished_run, tmp_path, checkpoints):
+    """save_model and save_state leave weights and a trainer state at its top, but no optimizer or scheduler:
+    transformers would resume from it with a fresh optimizer (with --save_strategy no there is no checkpoint-N)."""
+    run = _copy_run(finished_run, tmp_path / "run")
+    for name in ("model.safetensors", "config.json", "trainer_state.json", "training_args.bin"):
+        shutil.copy(run / "checkpoint-3" / name, run / name)
+    if not checkpoints:
+        for checkpoint in list_checkpoints(run):
+            shutil.rmtree(checkpoint)
+    problem = checkpoint_problem(run)
+    assert problem.startswith("is a saved model, not a checkpoint: it has no optimizer.pt or scheduler.pt"), problem
+    assert ("it holds checkpoint-1, checkpoint-2, checkpoint-3: pass " in problem) == checkpoints
+    with pytest.raises(CheckpointError, match="is a saved model, not a checkpoint"):
+        make_trainer(tmp_path / "new", max_steps=4).train(resume_from_checkpoint=str(run))
+
+
+def test_a_checkpoint_saved_with_save_only_model_needs_no_optimizer(tmp_path):
+    make_trainer(tmp_path / "run", max_steps=1, save_only_model=True).train()
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    assert not (checkpoint / "optimizer.pt").exists() and checkpoint_problem(checkpoint) is None
+    (checkpoint / "training_args.bin").unlink()  # then nothing says the optimizer was left out on purpose
+    (checkpoint / MANIFEST_NAME).unlink()
+    assert checkpoint_problem(checkpoint).endswith("it has no optimizer.pt or scheduler.pt")
 
 
 def test_save_total_limit_never_deletes_the_newest_complete_checkpoint(finished_run, tmp_path):
