@@ -515,7 +515,8 @@ def staged_checkpoint(run_dir: str | os.PathLike, state: Any, args: Any, barrier
 
 def check_output_dir(args: Any) -> None:
     """Before anything is written: ``--output_dir`` must be a writable directory with room, and must not hold
-    another run's checkpoints unless the user says to resume them or to overwrite them.
+    another run's checkpoints or trained model (a run with --save_strategy no leaves no checkpoint) unless the
+    user says to resume them or to overwrite them.
 
     ``args`` is the training arguments (``output_dir``, ``do_train``, ``resume_from_checkpoint``,
     ``overwrite_output_dir``); with ``--overwrite_output_dir`` GaudiTrainer.train deletes the old checkpoints.
@@ -541,14 +542,20 @@ def check_output_dir(args: Any) -> None:
         )
     if not getattr(args, "do_train", True) or resume_arg(getattr(args, "resume_from_checkpoint", None)) is not None:
         return
-    previous = list_checkpoints(out)
-    if not previous:
+    if getattr(args, "overwrite_output_dir", False):
         return
-    if not getattr(args, "overwrite_output_dir", False):
+    previous = list_checkpoints(out)
+    if previous:
         raise UserError(
             f"--output_dir {out} already holds checkpoints of a run ({_span(previous)}): add "
             "--resume_from_checkpoint true to continue it, or --overwrite_output_dir to start over (its checkpoints "
             "are deleted)."
+        )
+    model = [name for name in (TRAINER_STATE_NAME, *_WEIGHT_FILES) if (out / name).is_file()]
+    if model:
+        raise UserError(
+            f"--output_dir {out} already holds a trained model ({', '.join(model)}): choose another --output_dir, "
+            "or add --overwrite_output_dir to replace it."
         )
 
 

@@ -560,6 +560,17 @@ def test_rerun_into_a_directory_with_checkpoints_is_refused(ws, capsys):
     assert snapshot(ws.out) == before
 
 
+def test_rerun_into_a_directory_with_a_trained_model_is_refused(ws, capsys):
+    """A run with --save_strategy no leaves its model and no checkpoint-N: a rerun would overwrite the model."""
+    shutil.copytree(ws.assets / "run", ws.out, ignore=shutil.ignore_patterns("checkpoint-*"))
+    before = snapshot(ws.out)
+    line = assert_one_line(call_main(run_clm.main, ws.base), capsys.readouterr().err, "already holds a trained model")
+    assert "(trainer_state.json, model.safetensors)" in line and "--overwrite_output_dir" in line
+    assert snapshot(ws.out) == before
+    assert call_main(run_clm.main, [*ws.base, "--overwrite_output_dir"]) == 0
+    assert call_main(run_clm.main, [*without(ws.base, "--do_train"), "--do_eval"]) == 0  # evaluating writes no model
+
+
 def test_overwrite_output_dir_starts_over_without_the_old_checkpoints(ws):
     shutil.copytree(ws.assets / "run", ws.out)
     assert call_main(run_clm.main, [*ws.base, "--overwrite_output_dir"]) == 0

@@ -121,6 +121,29 @@ def test_a_rerun_into_another_runs_checkpoints_is_refused_in_one_line(script, tm
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-3"]
 
 
+def test_make_demo_replaces_its_own_model_and_no_other(tmp_path, monkeypatch):
+    """`make demo` run again trains into the same directory; a directory the user names keeps its model."""
+    from optimum_gaudi.checkpoints import check_output_dir
+    from optimum_gaudi.errors import UserError
+
+    spec = importlib.util.spec_from_file_location("example_demo", EXAMPLES / "language-modeling" / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    monkeypatch.setattr(demo, "OUTPUT_DIR", str(tmp_path / "demo"))
+    run_clm = demo._load_run_clm()
+    for name in ("demo", "mine"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"weights")
+
+    def check(*argv):
+        check_output_dir(run_clm.parse_args(demo._run_clm_args(demo._parse(list(argv))))[2])
+
+    check()
+    with pytest.raises(UserError, match="already holds a trained model"):
+        check("--output_dir", str(tmp_path / "mine"))
+    check("--output_dir", str(tmp_path / "mine"), "--overwrite_output_dir")
+
+
 # ---- embedded tasks ----------------------------------------------------------------------------------------
 
 

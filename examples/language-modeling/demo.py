@@ -47,6 +47,9 @@ def _load_run_clm() -> ModuleType:
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output_dir", default=OUTPUT_DIR, help="where model, tokenizer and metrics go")
+    parser.add_argument(
+        "--overwrite_output_dir", action="store_true", help="replace the model in --output_dir (always: the default)"
+    )
     parser.add_argument("--max_steps", type=int, default=600, help="optimizer steps (batch of 16 x 128 tokens)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--prompt", default="Return the", help="start of the generated sample")
@@ -54,8 +57,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _run_clm_args(opts: argparse.Namespace) -> list[str]:
+    """run_clm.py's command line. `make demo` run again replaces the model in its own directory; in one the user
+    names, a model is kept unless --overwrite_output_dir."""
     overrides = ",".join(f"{k}={v}" for k, v in MODEL.items())
+    overwrite = opts.overwrite_output_dir or opts.output_dir == OUTPUT_DIR
     return [
+        *(["--overwrite_output_dir"] if overwrite else []),
         *("--model_type", "gpt2", "--config_overrides", overrides, "--block_size", str(BLOCK_SIZE)),
         *("--do_train", "--do_eval", "--output_dir", opts.output_dir, "--seed", str(opts.seed)),
         *("--use_habana", "--use_lazy_mode", "--gaudi_config_name", "Habana/gpt2", "--throughput_warmup_steps", "5"),
