@@ -325,10 +325,18 @@ def _check_json(path: Path, flag: str, size: int) -> None:
 
 def find_text_column(raw: DatasetDict | Dataset, name: str | None = None, source: str = "the dataset") -> str:
     """The column holding the text: ``name`` if given, else ``text``; raise DataError naming the columns there
-    are (no silent guess: the first column of a CSV is often an id)."""
-    columns = list(next(iter(raw.values())).column_names if isinstance(raw, DatasetDict) else raw.column_names)
+    are (no silent guess: the first column of a CSV is often an id) when a split lacks it or holds no strings in
+    it (the tokenizer would fail with a traceback)."""
     wanted = name or "text"
-    if wanted in columns:
-        return wanted
     hint = "pick another with --text_column_name" if name else "name the text column with --text_column_name"
-    raise DataError(f"{source} has no column '{wanted}' (its columns: {', '.join(columns) or 'none'}); {hint}.")
+    for split in raw.values() if isinstance(raw, DatasetDict) else [raw]:
+        columns = ", ".join(split.column_names)
+        if wanted not in split.column_names:
+            raise DataError(f"{source} has no column '{wanted}' (its columns: {columns or 'none'}); {hint}.")
+        feature = split.features[wanted]
+        kind = getattr(feature, "dtype", None) or type(feature).__name__.lower().replace("json", "mixed")
+        if kind not in ("string", "large_string"):
+            raise DataError(
+                f"{source}: column '{wanted}' holds {kind} values, not text; {hint} (its columns: {columns})."
+            )
+    return wanted

@@ -358,6 +358,27 @@ CASES = [
         "has no column 'body' (its columns: text); pick another",
         id="text-column-name-wrong",
     ),  # fmt: skip
+    P(
+        lambda w: [
+            *w.base,
+            "--train_file",
+            w.write("t.csv", "id,body\n1,hello\n2,there\n"),
+            "--text_column_name",
+            "id",
+        ],
+        "column 'id' holds int64 values, not text; pick another with --text_column_name (its columns: id, body)",
+        id="text-column-of-ids",
+    ),  # fmt: skip
+    P(
+        lambda w: [*w.base, "--train_file", w.write("t.jsonl", '{"text": 5}\n{"text": 7}\n')],
+        "column 'text' holds int64 values, not text",
+        id="jsonl-numbers",
+    ),  # fmt: skip
+    P(
+        lambda w: [*w.base, "--train_file", w.write("t.jsonl", '{"text": 5}\n{"text": "hello there"}\n')],
+        "column 'text' holds mixed values, not text",
+        id="jsonl-mixed",
+    ),  # fmt: skip
     P(lambda w: [*w.base, "--train_file", w.write("t.csv", 'text\n"unterminated\n')], "cannot read", id="csv-broken"),
     P(lambda w: [*w.base, "--train_file", w.write("t.xml", "<a/>")], "unsupported extension", id="train-xml"),
     P(lambda w: [*w.base, "--train_file", w.write("h.csv", "text\n")], "cannot read", id="csv-header-only"),
