@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
@@ -63,6 +68,27 @@ class StepClock(TrainerCallback):
         """How much longer the warm-up steps took than the same steps at the steady speed: the compile
         time, when they compiled (never below 0)."""
         return max(0.0, (self.start - self.begin) - self.warmup * self.seconds_per_step)
+
+
+def in_new_process(module: str, request: list, env: dict[str, str] | None = None, timeout: int = 1800) -> list:
+    """``python -m module request`` from the repository root: each run in its own process, so that nothing
+    process-wide one setup leaves behind (compiled code, autocast kernels, allocator settings) reaches the
+    next. The module's ``__main__`` answers with one JSON line, its last line on stdout."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, json.dumps([*request, torch.get_num_threads()])],
+        cwd=Path(__file__).resolve().parent.parent, env={**os.environ, **(env or {})}, capture_output=True,
+        text=True, timeout=timeout,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{module} {request} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def request_from_argv() -> list:
+    """The request in_new_process sent, with torch set to the caller's thread count."""
+    *request, threads = json.loads(sys.argv[1])
+    torch.set_num_threads(threads)
+    return request
 
 
 def median(values: list[float]) -> float:

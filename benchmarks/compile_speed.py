@@ -1,7 +1,7 @@
 """torch.compile with the Gaudi config's op lists, and regional compilation, against a hand-tuned Trainer.
 
 GPT-2 4x256 (vocab 8192, sequence 128, batch 8), every setup trained from the same weights on the same
-blocks, interleaved and repeated in one process:
+blocks, interleaved and repeated, each run in a new process:
   trainer_fp32          transformers.Trainer, default arguments
   trainer_fp32_compile  the same + --torch_compile: a plain Trainer's compiled code draws other dropout
                         masks than eager code, so its loss shows how far that alone moves a run
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +28,16 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainingArguments
 
-from benchmarks.common import BLOCK_SIZE, StepClock, gpt2, lm_data, markdown_table, median
+from benchmarks.common import (
+    BLOCK_SIZE,
+    StepClock,
+    gpt2,
+    in_new_process,
+    lm_data,
+    markdown_table,
+    median,
+    request_from_argv,
+)
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 
 VOCAB, BATCH = 8192, 8
@@ -76,11 +84,10 @@ def bf16_matmul_peak(n: int = 1024, seconds: float = 2.0) -> float:
     return best
 
 
-def run_once(setup: str, model_kwargs: dict, data, steps: int, warmup: int) -> tuple[float, float, float]:
-    """(steady steps/s, compile seconds, eval loss) of one fresh training run."""
+def run_once(setup: str, model_kwargs: dict, steps: int, warmup: int) -> tuple[float, float, float]:
+    """(steady steps/s, compile seconds, eval loss) of one training run in this process."""
     trainer_cls, args_cls, extra = SETUPS[setup]
-    tokenizer, train, valid = data
-    torch._dynamo.reset()
+    tokenizer, train, valid = lm_blocks(steps)
     clock = StepClock(warmup)
     with tempfile.TemporaryDirectory() as out:
         args = args_cls(
@@ -101,17 +108,17 @@ def run_fresh(setup: str, model_kwargs: dict, steps: int, warmup: int) -> tuple[
     unrelated model (warm_the_compiler). Adds the C++ kernels the run built and the seconds its compiles
     spent waiting for their builds."""
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
-               "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}  # fmt: skip
-        request = json.dumps([setup, model_kwargs, steps, warmup, torch.get_num_threads()])
-        root = Path(__file__).resolve().parent.parent
-        done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.compile_speed", request],
-            cwd=root, env=env, capture_output=True, text=True, timeout=1800,
-        )  # fmt: skip
-    if done.returncode != 0:
-        raise RuntimeError(f"{setup} failed:\n{done.stderr[-3000:]}")
-    return tuple(json.loads(done.stdout.strip().splitlines()[-1]))
+        env = {
+            "TORCHINDUCTOR_CACHE_DIR": cache,
+            "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+            "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
+        }
+        return tuple(in_new_process("benchmarks.compile_speed", [setup, model_kwargs, steps, warmup, True], env))
+
+
+def run_apart(setup: str, model_kwargs: dict, steps: int, warmup: int) -> tuple[float, ...]:
+    """run_once in a new process (the compiler cache as it is: only the steady speed and loss count here)."""
+    return tuple(in_new_process("benchmarks.compile_speed", [setup, model_kwargs, steps, warmup, False]))
 
 
 def _interleaved(setups, run, repeats, log, label):
@@ -133,9 +140,8 @@ def run(
     repeats: int = 3, steps: int = 23, warmup: int = 3, deep_repeats: int = 2, deep_steps: int = 33, log=print
 ) -> tuple[str, dict]:
     """Markdown sections and the medians {"small": {setup: (steps/s, compile s, loss)}, "deep": ..., "peak"}."""
-    data = lm_blocks(steps)
     peaks = [bf16_matmul_peak()]
-    small = _interleaved(SETUPS, lambda s: run_once(s, SMALL, data, steps, warmup), repeats, log, "4x256")
+    small = _interleaved(SETUPS, lambda s: run_apart(s, SMALL, steps, warmup), repeats, log, "4x256")
     deep = _interleaved(
         DEEP_SETUPS, lambda s: run_fresh(s, DEEP, deep_steps, warmup), deep_repeats, log, "12x256"
     )  # fmt: skip
@@ -218,10 +224,12 @@ def warm_the_compiler() -> None:
     torch._dynamo.reset()
 
 
-if __name__ == "__main__":  # one run_fresh request: setup, model sizes, steps, warm-up, threads (JSON)
-    setup, model_kwargs, steps, warmup, threads = json.loads(sys.argv[1])
-    torch.set_num_threads(threads)
+if __name__ == "__main__":  # one in_new_process request: setup, model sizes, steps, warm-up, fresh
+    setup, model_kwargs, steps, warmup, fresh = request_from_argv()
+    if not fresh:
+        print(json.dumps(run_once(setup, model_kwargs, steps, warmup)))
+        sys.exit()
     warm_the_compiler()
     kernels, waited = kernels_built(), seconds_waiting_for_cxx()
-    result = run_once(setup, model_kwargs, lm_blocks(steps), steps, warmup)
+    result = run_once(setup, model_kwargs, steps, warmup)
     print(json.dumps([*result, kernels_built() - kernels, seconds_waiting_for_cxx() - waited]))

@@ -5,15 +5,26 @@ Three variants train the same GPT-2 from the same weights on the same blocks, in
   trainer_bf16   transformers.Trainer with the best flags a user could pass by hand: --bf16 --optim adamw_torch_fused
   gaudi_gpt2     GaudiTrainer --gaudi_config_name gpt2 (op-list bf16 autocast, fused AdamW, fused clipping)
 Reported: median tokens/s after warm-up, the ratio to each Trainer variant, and the eval loss reached.
+Each run trains in a new process.
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 
 from transformers import Trainer, TrainingArguments
 
-from benchmarks.common import BLOCK_SIZE, StepClock, gpt2, lm_data, markdown_table, median
+from benchmarks.common import (
+    BLOCK_SIZE,
+    StepClock,
+    gpt2,
+    in_new_process,
+    lm_data,
+    markdown_table,
+    median,
+    request_from_argv,
+)
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 
 MODELS = {
@@ -28,10 +39,10 @@ VARIANTS = {
 }
 
 
-def run_once(variant: str, model_kwargs: dict, data, steps: int, warmup: int, batch: int) -> tuple[float, float]:
-    """(tokens per second after warm-up, eval loss after `steps` steps)."""
+def run_once(variant: str, model_kwargs: dict, steps: int, warmup: int, batch: int) -> tuple[float, float]:
+    """(tokens per second after warm-up, eval loss after `steps` steps), in this process."""
     trainer_cls, args_cls, extra = VARIANTS[variant]
-    tokenizer, train, valid = data
+    tokenizer, train, valid = lm_blocks(steps, batch)
     clock = StepClock(warmup)
     with tempfile.TemporaryDirectory() as out:
         args = args_cls(
@@ -47,16 +58,20 @@ def run_once(variant: str, model_kwargs: dict, data, steps: int, warmup: int, ba
     return batch * BLOCK_SIZE / clock.seconds_per_step, eval_loss
 
 
+def lm_blocks(steps: int, batch: int):
+    return lm_data(train_blocks=steps * batch, eval_blocks=64)
+
+
 def run(repeats: int = 3, steps: int = 30, warmup: int = 5, batch: int = 16, log=print) -> tuple[str, dict]:
     """Markdown tables, and per model the medians {variant: (tokens/s, eval loss)} for the target check."""
-    data = lm_data(train_blocks=steps * batch, eval_blocks=64)
     sections, medians = [], {}
     for model_name, model_kwargs in MODELS.items():
         speeds = {v: [] for v in VARIANTS}
         losses = {v: [] for v in VARIANTS}
         for r in range(repeats):  # interleaved, so drift in machine speed hits every variant alike
             for variant in VARIANTS:
-                tps, loss = run_once(variant, model_kwargs, data, steps, warmup, batch)
+                request = [variant, model_kwargs, steps, warmup, batch]
+                tps, loss = in_new_process("benchmarks.train_speed", request)
                 speeds[variant].append(tps)
                 losses[variant].append(loss)
                 log(f"  {model_name} {variant} run {r + 1}: {tps:,.0f} tokens/s, eval loss {loss:.4f}")
@@ -75,3 +90,7 @@ def run(repeats: int = 3, steps: int = 30, warmup: int = 5, batch: int = 16, log
         sections.append(f"### GPT-2 {model_name}, batch {batch} x {BLOCK_SIZE} tokens, {repeats} runs each\n\n{table}")
         log(sections[-1])
     return "\n\n".join(sections), medians
+
+
+if __name__ == "__main__":  # one in_new_process request: variant, model sizes, steps, warm-up, batch
+    print(json.dumps(run_once(*request_from_argv())))
