@@ -169,6 +169,14 @@ def truncated(ws: Workspace, name: str) -> str:
     return str(ckpt)
 
 
+def torch_weights(ws: Workspace, content: bytes) -> str:
+    """A model directory whose weights are a pytorch_model.bin holding ``content``."""
+    ckpt = ws.checkpoint()
+    (ckpt / "model.safetensors").unlink()
+    (ckpt / "pytorch_model.bin").write_bytes(content)
+    return str(ckpt)
+
+
 def without(argv: list[str], *flags: str) -> list[str]:
     """argv with each flag in ``flags`` and its value removed."""
     out, skip = [], False
@@ -282,6 +290,33 @@ CASES = [
         id="model-dir-empty",
     ),  # fmt: skip
     P(lambda w: [*w.base, "--deepspeed", "ds.json"], "DeepSpeed", id="deepspeed-missing"),
+    P(
+        lambda w: [
+            *without(w.base, "--model_type", "--config_overrides"),
+            "--model_name_or_path",
+            truncated(w, "model.safetensors"),
+        ],
+        "cannot load model '",
+        id="model-truncated-safetensors",
+    ),  # fmt: skip
+    P(
+        lambda w: [
+            *without(w.base, "--model_type", "--config_overrides"),
+            "--model_name_or_path",
+            ckpt_with(w, "model.safetensors", None, False),
+        ],
+        "cannot load model '",
+        id="model-without-weights",
+    ),  # fmt: skip
+    P(
+        lambda w: [
+            *without(w.base, "--model_type", "--config_overrides"),
+            "--model_name_or_path",
+            torch_weights(w, b"PK\x03\x04 not a model"),
+        ],
+        "is damaged or truncated",
+        id="model-garbage-bin",
+    ),  # fmt: skip
     P(lambda w: [*w.base, "--max_train_samples", "0"], "--max_train_samples must be >= 1", id="max-train-samples-0"),
     P(lambda w: [*w.base, "--do_eval", "--max_eval_samples", "-1"], "--max_eval_samples must be", id="max-eval-neg"),
     P(lambda w: [*w.base, "--learning_rate", "-1"], "--learning_rate must be >= 0", id="lr-negative"),

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -332,6 +333,17 @@ def test_run_generation_on_the_simulated_gaudi_uses_hpu_graphs_and_buckets(bridg
     calls = bridge().names()
     assert "hpu.wrap_in_hpu_graph" in calls and "core.mark_step" in calls
     assert results["device"].startswith("hpu") and results["input_tokens"] == 16
+
+
+def test_run_generation_with_a_truncated_model_is_one_line(tiny_causal_lm, tmp_path, capsys):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_causal_lm, model)
+    weights = (model / "model.safetensors").read_bytes()
+    (model / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    assert call_main(load_script("run_generation").main, ["--model_name_or_path", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(f"error: cannot load model '{model}': a weights file is damaged")
 
 
 def test_run_generation_without_a_model_points_to_make_demo(tmp_path, monkeypatch, capsys):

@@ -21,6 +21,7 @@ import difflib
 import json
 import logging
 import math
+import pickle
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ import datasets
 import torch
 import transformers
 from datasets import DatasetDict, load_dataset
+from safetensors import SafetensorError
 from transformers import (
     CONFIG_MAPPING,
     AutoConfig,
@@ -228,13 +230,25 @@ def check_hub_names(model_args: ModelArguments, data_args: DataTrainingArguments
     _require_reachable("dataset", data_args.dataset_name)
 
 
+def _damaged_weights(e: Exception) -> bool:
+    """A truncated or corrupted weights file: safetensors' and torch's errors for it derive from neither OSError
+    nor ValueError."""
+    torch_zip = isinstance(e, RuntimeError) and "PytorchStreamReader" in str(e)
+    return torch_zip or isinstance(e, (SafetensorError, pickle.UnpicklingError))
+
+
 def _from_pretrained(loader: Any, name_or_path: str, what: str, /, **kwargs: Any) -> Any:
     """`loader(name_or_path)`, failing in one line when the Hub is out of reach or the files do not load."""
     _require_reachable(what, name_or_path)
     try:
         return loader(name_or_path, **kwargs)
-    except (OSError, ValueError) as e:  # missing or unusable files: the loaders raise one or the other
+    except Exception as e:
+        damaged = _damaged_weights(e)
+        if not (damaged or isinstance(e, (OSError, ValueError))):  # missing or unusable files raise one of these
+            raise
         reason = str(e).strip().splitlines()[0].rstrip(" :")
+        if damaged:  # the loaders' own words go on to suggest unsafe loading, or blame miniz
+            reason = f"a weights file is damaged or truncated ({reason.split('. ')[0]}); save or download it again"
         raise UsageError(f"cannot load {what} '{name_or_path}': {reason}") from None
 
 
