@@ -188,6 +188,23 @@ def test_a_parameter_unused_in_the_forward_trains_with_hpu_graphs(bridge, tmp_pa
     assert bridge().calls_named("hpu.ModuleCacher.capture")
 
 
+@BOTH
+def test_op_lists_of_a_config_given_to_the_trainer_are_checked_against_the_bridge(
+    bridge, tmp_path, tiny_gpt2, tiny_lm_data, caplog, monkeypatch
+):
+    from optimum_gaudi.devices import hpu
+
+    monkeypatch.setattr(hpu, "_warned", set())
+    args = hpu_args(tmp_path, use_lazy_mode=True, max_steps=1)  # no config: the bridge loads Habana's lists
+    config = GaudiConfig(use_torch_autocast=True, autocast_bf16_ops=["mm"], autocast_fp32_ops=["softmax"])
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        GaudiTrainer(model=tiny_gpt2(), args=args, train_dataset=tiny_lm_data, gaudi_config=config).train()
+    lower, fp32 = bridge().autocast_lists
+    assert set(lower) != {"mm"} and set(fp32) != {"softmax"}  # the bridge kept its own lists...
+    warned = [r.getMessage() for r in caplog.records if "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST=" in r.getMessage()]
+    assert len(warned) == 1  # ...and the user is told, once, how to give it the config's
+
+
 # ---- 5. graph API in eager mode ------------------------------------------------------------------------------
 def test_graph_api_runs_on_an_eager_gaudi(bridge, caplog):
     import habana_frameworks.torch  # noqa: F401  (1.21: eager, the graph API is not exported)

@@ -92,16 +92,23 @@ def prepare_bridge(lazy: bool, op_lists: tuple[list[str], list[str]] | None) -> 
             f"habana_frameworks is already loaded in lazy mode ({LAZY_ENV} unset or 1 when it was imported) but "
             f"--use_lazy_mode is not set: add --use_lazy_mode, or start Python with {LAZY_ENV}=0 (or {_LAUNCH_HINT})."
         )
-    if op_lists is not None and loaded_op_lists() != (set(op_lists[0]), set(op_lists[1])):
-        exports = " ".join(f"{env}={wanted[env]}" for env in (BF16_LIST_ENV, FP32_LIST_ENV))
-        logger.warning(
-            "habana_frameworks loaded its autocast op lists before the Gaudi config was read (during `import torch` "
-            "on Gaudi software 1.21+), so this run autocasts with the bridge's lists, not the config's; to use the "
-            "config's, %s, or start Python with %s, or with PT_HPU_AUTOLOAD=0.",
-            _LAUNCH_HINT,
-            exports,
-        )
+    if op_lists is not None:
+        warn_if_other_lists_loaded(*op_lists)
     return None
+
+
+def warn_if_other_lists_loaded(bf16_ops: list[str], fp32_ops: list[str]) -> None:
+    """One warning, naming the variables to set, when the loaded bridge autocasts with other lists than these:
+    it reads its lists once, when it loads."""
+    if loaded_op_lists() == (set(bf16_ops), set(fp32_ops)):
+        return
+    exports = " ".join(f"{env}={path}" for env, path in op_list_environment(bf16_ops, fp32_ops).items())
+    _warn_once(
+        "habana_frameworks loaded its autocast op lists before this Gaudi config was read (during `import torch` "
+        "on Gaudi software 1.21+, or from other training arguments), so this run autocasts with the bridge's "
+        f"lists, not the config's; to use the config's, {_LAUNCH_HINT} with --gaudi_config_name, or start Python "
+        f"with {exports}, or with PT_HPU_AUTOLOAD=0."
+    )
 
 
 def hpu_available() -> bool:
@@ -204,7 +211,10 @@ class HPUDevice(Device):
         self, bf16_ops: list[str] | None = None, fp32_ops: list[str] | None = None
     ) -> Callable[[], contextlib.AbstractContextManager]:
         """torch.autocast('hpu'): the bridge took its op lists from the environment when it loaded (set by the
-        training arguments or the launcher; a mismatch was reported then)."""
+        training arguments or the launcher); lists it did not load (a config given to the trainer, not to the
+        arguments) are said once."""
+        if bf16_ops is not None and fp32_ops is not None:
+            warn_if_other_lists_loaded(bf16_ops, fp32_ops)
         return lambda: torch.autocast(device_type="hpu", dtype=torch.bfloat16)
 
     # ---- graphs: the bridge exports its graph API in lazy mode only (hpu/__init__.py) ------------------------
