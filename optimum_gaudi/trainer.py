@@ -277,10 +277,13 @@ class GaudiTrainerMixin(TrainerShims):
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> contextlib.AbstractContextManager:
         return self._autocast() if self._autocast is not None else super().autocast_smart_context_manager(cache_enabled)
 
-    def compute_loss_context_manager(self) -> contextlib.ExitStack:
-        stack = super().compute_loss_context_manager()
-        if self._pipelining_mark_step is not None and self.model.training:
-            stack.callback(self._pipelining_mark_step)  # runs when the forward pass is done
+    def compute_loss_context_manager(self) -> contextlib.AbstractContextManager:
+        parent = super().compute_loss_context_manager()  # any context manager a user's Trainer returns
+        if self._pipelining_mark_step is None or not self.model.training:
+            return parent
+        stack = contextlib.ExitStack()
+        stack.enter_context(parent)
+        stack.callback(self._pipelining_mark_step)  # when the forward pass is done, inside the parent's context
         return stack
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:

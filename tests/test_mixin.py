@@ -113,6 +113,25 @@ def test_gaudi_features_apply_to_the_user_subclass(tiny_gpt2, tiny_lm_data, tmp_
     assert (tmp_path / "saved" / "gaudi_config.json").exists()  # _save hook of the mixin
 
 
+class PlainContextTrainer(Trainer):
+    """A user's Trainer whose loss context is a plain context manager, not transformers' ExitStack."""
+
+    def compute_loss_context_manager(self):
+        return torch.autocast("cpu", enabled=False)
+
+
+class GaudiPlainContextTrainer(GaudiTrainerMixin, PlainContextTrainer):
+    pass
+
+
+def test_pipelining_wraps_a_user_loss_context_that_is_no_exit_stack(tiny_gpt2, tiny_lm_data, tmp_path):
+    def train(**flags):
+        args = GaudiTrainingArguments(output_dir=str(tmp_path), **COMMON, **flags)
+        return losses(GaudiPlainContextTrainer(tiny_gpt2(), args, train_dataset=tiny_lm_data))
+
+    assert train(use_lazy_mode=True, pipelining_fwd_bwd=True) == train()  # no-ops on CPU
+
+
 def test_missing_args_get_the_declared_gaudi_arguments_class(tiny_gpt2, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     trainer = GaudiLabelSmoothingTrainer(model=tiny_gpt2())
