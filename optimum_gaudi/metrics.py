@@ -125,12 +125,13 @@ class Throughput:
         elif self._eval_batches == self.warmup_steps:
             self._eval_clock = time.time()
 
-    def rewrite_eval(self, metrics: dict, prefix: str) -> None:
-        """Replace an evaluation's speed metrics by their values after its first `warmup_steps` batches."""
+    def rewrite_eval(self, metrics: dict, prefix: str, world_size: int) -> None:
+        """Replace an evaluation's speed metrics by their values after its first `warmup_steps` batches; samples
+        of every process, as transformers counts them."""
         if self.warmup_steps == 0 or self._eval_clock is None or not self._eval_samples:
             return  # nothing to leave out, or too few batches to leave any out: keep transformers' numbers
         runtime = time.time() - self._eval_clock
         batches = self._eval_batches - self.warmup_steps
-        metrics[f"{prefix}_samples_per_second"] = round(self._eval_samples / runtime, 3)
+        metrics[f"{prefix}_samples_per_second"] = round(self._eval_samples * world_size / runtime, 3)
         metrics[f"{prefix}_steps_per_second"] = round(batches / runtime, 3)
         metrics[f"{prefix}_throughput_steps"] = batches

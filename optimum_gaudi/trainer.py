@@ -394,7 +394,7 @@ class GaudiTrainerMixin(TrainerShims):
         if "train_runtime" in logs:
             self._throughput.rewrite(logs, self.state.global_step, world)
         elif eval_prefixes:
-            self._throughput.rewrite_eval(logs, eval_prefixes[0])
+            self._throughput.rewrite_eval(logs, eval_prefixes[0], world)
         elif "loss" in logs:
             logs.update(self._throughput.interval(self.state.global_step, world))
             if self.is_world_process_zero():

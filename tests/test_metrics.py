@@ -4,6 +4,7 @@ import pytest
 from transformers import TrainerCallback
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
+from optimum_gaudi.metrics import Throughput
 
 MEMORY_KEYS = ("memory_allocated (GB)", "max_memory_allocated (GB)", "total_memory_available (GB)")
 
@@ -88,3 +89,17 @@ def test_evaluation_throughput_leaves_out_its_first_batches(tiny_gpt2, tiny_lm_d
     assert metrics["eval_throughput_steps"] == 5  # 8 batches, 3 left out
     assert metrics["eval_runtime"] >= 0.8  # the whole evaluation still counts in the runtime
     assert metrics["eval_samples_per_second"] > 20 / 0.8  # 20 samples after warm-up take far less than 0.8 s
+
+
+def test_evaluation_throughput_after_warm_up_counts_the_samples_of_every_process():
+    def samples_per_batch(world_size: int) -> float:
+        throughput = Throughput(warmup_steps=1)
+        throughput.eval_begin()
+        for _ in range(4):
+            throughput.eval_batch(4)  # this process's 4 rows a batch
+        metrics = {}
+        throughput.rewrite_eval(metrics, "eval", world_size)
+        return metrics["eval_samples_per_second"] / metrics["eval_steps_per_second"]
+
+    assert samples_per_batch(1) == pytest.approx(4)
+    assert samples_per_batch(2) == pytest.approx(8)  # as transformers' own eval metrics and training's count
