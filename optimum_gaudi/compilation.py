@@ -123,6 +123,21 @@ def check_compile_flags(args: Any) -> None:
         )
 
 
+def compile_choice_problem(backend: str | None, mode: str | None) -> str | None:
+    """Why torch.compile cannot take this backend or mode, in one line; None when it can. Checked with the
+    arguments: otherwise a wrong backend fails when the trainer is built and a wrong mode in the first step."""
+    from accelerate.utils import DynamoBackend  # the backends the Trainer can hand to torch.compile
+    from torch._inductor import list_mode_options
+
+    backends = sorted(b.value.lower() for b in DynamoBackend if b.value.lower() != "no")
+    if backend is not None and backend not in backends:
+        return f"--torch_compile_backend {backend} is not a torch.compile backend; choose one of {', '.join(backends)}."
+    modes = sorted(list_mode_options())
+    if mode is not None and mode not in modes:
+        return f"--torch_compile_mode {mode} is not a torch.compile mode; choose one of {', '.join(modes)}."
+    return None
+
+
 def set_cache_size_limit(limit: int) -> None:
     """Most graphs dynamo keeps per function before it falls back to eager (process-wide)."""
     config = torch._dynamo.config

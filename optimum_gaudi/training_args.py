@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 import torch
 from transformers import TrainingArguments
 
-from .compilation import check_compile_flags
+from .compilation import check_compile_flags, compile_choice_problem
 from .configuration import GaudiConfig
 from .devices import CPUDevice, Device, detect_device
 from .devices.hpu import bridge_installed, prepare_bridge
@@ -209,6 +209,9 @@ class GaudiTrainingArgumentsMixin:
             fail(f"{compiling} needs eager mode; drop --use_lazy_mode when compiling.")
         if self.cache_size_limit is not None and self.cache_size_limit < 1:
             fail(f"--cache_size_limit must be >= 1 (or unset for torch's default), got {self.cache_size_limit}.")
+        problem = compile_choice_problem(self.torch_compile_backend, self.torch_compile_mode)
+        if problem is not None:
+            fail(problem)
         check_compile_flags(self)
         if self.half_precision_backend != "auto" and not self.bf16:
             logger.warning(

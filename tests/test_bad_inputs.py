@@ -228,6 +228,8 @@ CASES = [
     P(lambda w: [*w.base, "--max_hpu_graphs", "0"], "--max_hpu_graphs must be >= 1", id="max-graphs-0"),
     P(lambda w: [*w.base, "--pipelining_fwd_bwd"], "add --use_lazy_mode", id="pipelining-no-lazy"),
     P(lambda w: [*w.base, "--torch_compile", "--use_lazy_mode"], "needs eager mode", id="compile-lazy"),
+    P(lambda w: [*w.base, "--torch_compile_backend", "BOGUS"], "not a torch.compile backend", id="compile-backend"),
+    P(lambda w: [*w.base, "--torch_compile_mode", "fastest"], "not a torch.compile mode", id="compile-mode"),
     P(
         lambda w: [*w.base, "--distribution_strategy", "fast_ddp", "--fsdp", "full_shard"],
         "cannot be combined",
