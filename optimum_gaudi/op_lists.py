@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import json
 import logging
 import os
 import tempfile
@@ -100,6 +101,10 @@ def op_list_environment(bf16_ops: Sequence[str], fp32_ops: Sequence[str]) -> dic
     return {BF16_LIST_ENV: _list_file(bf16_ops), FP32_LIST_ENV: _list_file(fp32_ops)}
 
 
+# The op-list files' contents by path, for ranks on other nodes, whose /tmp lacks them (the MPI worker writes them)
+LIST_FILES_ENV = "OPTIMUM_GAUDI_OP_LIST_FILES"
+
+
 def config_uses_op_lists(config) -> bool:
     """Whether a GaudiConfig's autocast runs on op lists (then both lists must reach the bridge)."""
     return bool(
@@ -130,5 +135,7 @@ def launch_environment(script_args: Sequence[str]) -> dict[str, str]:
         except GaudiConfigError:
             return env
         if config_uses_op_lists(config):
-            env.update(op_list_environment(*resolve_op_lists(config.autocast_bf16_ops, config.autocast_fp32_ops)))
+            lists = op_list_environment(*resolve_op_lists(config.autocast_bf16_ops, config.autocast_fp32_ops))
+            env.update(lists)
+            env[LIST_FILES_ENV] = json.dumps({path: Path(path).read_text() for path in lists.values()})
     return env

@@ -18,9 +18,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import FAKES
 
 from optimum_gaudi.cli import main
 from optimum_gaudi.distributed import launch
+from optimum_gaudi.op_lists import BF16_LIST_ENV, FP32_LIST_ENV, LIST_FILES_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -224,6 +226,39 @@ def test_mpirun_commands(monkeypatch):
     assert command[7:11] == ["-x", "HCCL_X", "-x", "PYTHONPATH"]  # what the other hosts need; HOME is theirs
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert "--allow-run-as-root" in launch.build_command(plan, python="python", environ={})
+
+
+def test_mpirun_forwards_the_bridge_variables_to_the_other_nodes(tmp_path, monkeypatch, capsys):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "mpirun").write_text("#!/bin/sh\n")
+    (tmp_path / "bin" / "mpirun").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.syspath_prepend(FAKES)  # a bridge is installed here: its variables must reach every node
+    hosts = hostfile(tmp_path, "gaudi-a slots=8", "gaudi-b slots=8")
+    flags = ["--use_mpi", "--hostfile", hosts, "--world_size", "8", str(ALLREDUCE), "--gaudi_config_name", "gpt2"]
+    assert main(["launch", "--dry_run", *flags]) == 0
+    words = shlex.split(capsys.readouterr().out)
+    exported = dict(word.split("=", 1) for word in words[: words.index(str(tmp_path / "bin" / "mpirun"))])
+    forwarded = {words[i + 1] for i, word in enumerate(words) if word == "-x"}
+    assert {"PT_HPU_LAZY_MODE", BF16_LIST_ENV, FP32_LIST_ENV, LIST_FILES_ENV} <= set(exported) <= forwarded
+    files = json.loads(exported[LIST_FILES_ENV])  # what the worker writes on a node that lacks the files
+    assert files[exported[BF16_LIST_ENV]] == Path(exported[BF16_LIST_ENV]).read_text()
+
+
+def test_mpi_worker_writes_the_op_list_files_its_node_lacks(tmp_path):
+    script = tmp_path / "show.py"
+    script.write_text("import os, sys\nprint(open(os.environ['PT_HPU_AUTOCAST_FP32_OPS_LIST']).read(), end='')\n")
+    lists = tmp_path / "elsewhere" / "fp32.txt"  # the launcher's /tmp, not this node's
+    env = {
+        **os.environ,
+        "PT_HPU_AUTOCAST_FP32_OPS_LIST": str(lists),
+        LIST_FILES_ENV: json.dumps({str(lists): "softmax\n"}),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", launch.MPI_WORKER, str(script)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "softmax\n"
 
 
 def test_mpi_worker_gives_each_rank_the_torch_variables(tmp_path):

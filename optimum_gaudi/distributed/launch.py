@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..errors import UserError
+from ..op_lists import LIST_FILES_ENV
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's and DeepSpeed's default, used when the nodes must agree on one
 STOP_GRACE_SECONDS = 45.0  # after passing on SIGINT/SIGTERM: torchrun gives its workers 30 s, then SIGKILL
@@ -74,15 +75,27 @@ MPI_INSTALL = "install Open MPI (e.g. apt-get install openmpi-bin)"
 _MPI_FORWARDED_PREFIXES = ("PT_HPU_", "HABANA_", "HCCL_", "OPTIMUM_GAUDI_", "PYTHONPATH", "LD_LIBRARY_PATH")
 
 # Run by each process mpirun starts: the Open MPI ranks become the variables torch.distributed and
-# transformers read, then the script runs as `python SCRIPT ARGS` would run it.
-MPI_WORKER = (
-    "import os, runpy, sys; e = os.environ; "
-    'e.update({k: e[v] for k, v in (("RANK", "OMPI_COMM_WORLD_RANK"), ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"), '
-    '("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"), ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"), '
-    '("GROUP_RANK", "OMPI_COMM_WORLD_NODE_RANK")) if v in e}); '
-    "sys.argv = sys.argv[1:]; sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0])); "
-    'runpy.run_path(sys.argv[0], run_name="__main__")'
-)
+# transformers read; the op-list files the bridge reads are written where this node lacks them (the launcher
+# wrote them on its own node, and with 1.21+ the bridge reads them during `import torch`, before any of our
+# code); then the script runs as `python SCRIPT ARGS` would run it.
+MPI_WORKER = f"""
+import json, os, runpy, sys
+e = os.environ
+for name, ompi in (("RANK", "OMPI_COMM_WORLD_RANK"), ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"),
+                   ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"), ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+                   ("GROUP_RANK", "OMPI_COMM_WORLD_NODE_RANK")):
+    if ompi in e:
+        e[name] = e[ompi]
+for path, text in json.loads(e.get("{LIST_FILES_ENV}", "{{}}")).items():
+    if not os.path.isfile(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(f"{{path}}.{{os.getpid()}}.tmp", "w") as f:
+            f.write(text)
+        os.replace(f"{{path}}.{{os.getpid()}}.tmp", path)
+sys.argv = sys.argv[1:]
+sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
 class LaunchError(UserError, ValueError):
@@ -585,8 +598,8 @@ def launch(args: argparse.Namespace) -> int:
     from ..op_lists import launch_environment
 
     plan = resolve(args)
-    command = build_command(plan)
     bridge_env = launch_environment(plan.script_args)  # read by the Gaudi bridge when it loads, before our code
+    command = build_command(plan, environ={**os.environ, **bridge_env})  # mpirun forwards them to other nodes
     if args.dry_run:
         print(shlex.join([*(f"{k}={v}" for k, v in bridge_env.items()), *command]))
         return 0
