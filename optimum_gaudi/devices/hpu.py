@@ -106,8 +106,8 @@ def warn_if_other_lists_loaded(bf16_ops: list[str], fp32_ops: list[str]) -> None
     _warn_once(
         "habana_frameworks loaded its autocast op lists before this Gaudi config was read (during `import torch` "
         "on Gaudi software 1.21+, or from other training arguments), so this run autocasts with the bridge's "
-        f"lists, not the config's; to use the config's, {_LAUNCH_HINT} with --gaudi_config_name, or start Python "
-        f"with {exports}, or with PT_HPU_AUTOLOAD=0."
+        f"lists, not the config's; to use the config's, pass it as --gaudi_config_name and {_LAUNCH_HINT}, or "
+        f"start Python with {exports}, or with PT_HPU_AUTOLOAD=0."
     )
 
 
