@@ -27,7 +27,8 @@ HEADER = """# Benchmarks
 
 Made by `make bench` on: {machine}, {cpus} CPUs, torch {torch}, {threads} torch threads. Each section
 below is one run of `benchmarks/run.py`; ratios compare variants measured side by side in that run
-(interleaved, medians of repeats), and each section states its date and the machine's load average.
+(interleaved, each run in its own process, medians of repeats), and each section states its date and the
+machine's load average.
 Throughput excludes warm-up steps.
 """
 
