@@ -9,7 +9,8 @@ blocks, interleaved and repeated, each run in a new process:
   hand_tuned_compile    the same + --torch_compile
   gaudi                 GaudiTrainer --gaudi_config_name gpt2 --bf16
   gaudi_compile         the same + --torch_compile
-  gaudi_regional        the same + --torch_compile --use_regional_compilation
+  gaudi_regional        the same + --torch_compile --use_regional_compilation (the repeated block and the
+                        loss compiled, the rest eager)
 Then a 12-layer GPT-2 of the same width, whole-model against regional compilation, each run in a fresh
 process with a fresh, empty compiler cache, so that every run pays its model's full compile time (the
 process's one-time compiler costs are paid first, on an unrelated model). The CPU's bf16 matmul peak is
@@ -190,9 +191,9 @@ def run(
         f"with an empty compiler cache, so each compiles its model from scratch, after one compile of an "
         f"unrelated 1-layer model that pays the process's one-time costs (inductor's imports, C++ toolchain and "
         f"headers); compile time = warm-up time minus the same steps at steady speed; {deep_steps - warmup} "
-        f"steps timed, {deep_repeats} runs each. A whole-model compile builds each distinct C++ kernel once "
-        f"too (the layers' kernels are the same code), so both build about the same kernels; leaving out the "
-        f"wait for them, regional compilation does {rest_ratio:.2f}x of the whole-model compile's work.\n\n"
+        f"steps timed, {deep_repeats} runs each. A whole-model compile also builds each distinct C++ kernel "
+        f"only once (the layers' kernels are the same code); leaving out the wait for the kernels' builds, "
+        f"regional compilation does {rest_ratio:.2f}x of the whole-model compile's work.\n\n"
         f"{deep_table}"
     )
     log(text)

@@ -1,11 +1,10 @@
 """torch.compile controls Gaudi users know from Optimum Habana, doing the same job on every device.
 
 ``--use_regional_compilation`` compiles the model's repeated block (a decoder layer) once and reuses it
-for every layer: compile time falls with the depth, speed stays. With inductor (CPU, CUDA) the whole model
-is still one graph, in which the block is a nested compile region (``torch.compiler.nested_compile_region``):
-traced and compiled once, its code reused for every layer, while the embeddings, the output layer and the
-loss are compiled and fused with it as in a whole-model compile. Other backends (``hpu_backend``) compile
-each block on its own, as Optimum Habana does, and the rest of the model runs eagerly.
+for every layer, as Optimum Habana does, and compiles the model's loss function: the cross-entropy over the
+whole vocabulary is the one large piece of work outside the blocks, and eagerly it takes several passes
+over the logits that a compiled loss fuses. The embeddings and the output layer run eagerly. Compile time
+no longer grows with the depth, and nothing graph-wide (the model's own forward, its masks) is compiled.
 ``--compile_dynamic`` and ``--cache_size_limit`` are torch.compile's ``dynamic`` and dynamo's cache limit;
 ``--compile_from_sec_iteration`` runs the first step eagerly. Every graph torch.compile builds during
 training is counted, and a new input shape that causes one is named once in the log, so a user sees why
@@ -17,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,9 +24,6 @@ import torch
 from torch import nn
 
 logger = logging.getLogger(__name__)
-
-
-NESTED_REGION_BACKENDS = ("inductor", "aot_eager")
 
 
 @dataclass(frozen=True)
@@ -59,16 +54,6 @@ class CompileOptions:
             else (),
         )
 
-    @property
-    def nested_regions(self) -> bool:
-        """Regional compilation as nested regions of one whole-model graph: where torch has them and the
-        backend compiles torch's ``invoke_subgraph`` (inductor and its debugging backend)."""
-        return (
-            self.regional
-            and self.backend in NESTED_REGION_BACKENDS
-            and hasattr(torch.compiler, "nested_compile_region")
-        )
-
     def compile_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"backend": self.backend, "dynamic": self.dynamic}
         if self.mode is not None:
@@ -79,7 +64,7 @@ class CompileOptions:
         """accelerate's compile settings: the whole model, or nothing when we compile the blocks ourselves."""
         from accelerate.utils import TorchDynamoPlugin
 
-        if self.regional and not self.nested_regions:
+        if self.regional:
             return TorchDynamoPlugin(backend="no")
         return TorchDynamoPlugin(backend=self.backend, mode=self.mode, dynamic=self.dynamic)
 
@@ -160,37 +145,30 @@ def repeated_blocks(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
 
 
 def compile_regions(model: nn.Module, options: CompileOptions) -> str | None:
-    """Compile the model's repeated blocks once for all of them; same parameters, same state_dict keys.
+    """Compile the model's repeated blocks once for all of them, and its loss function; same parameters,
+    same state_dict keys.
 
-    Nested regions (see the module's docstring) when ``options.nested_regions``: the caller compiles the
-    whole model. Otherwise each block is compiled in place (``nn.Module.compile``): the blocks share their
-    code, so torch.compile builds one graph and reuses it for every block. Returns the name of the blocks'
-    list, or None when the model has no repeated blocks (nothing done).
+    Each block is compiled in place (``nn.Module.compile``): the blocks share their code, so torch.compile
+    builds one graph and reuses it for every block. Returns the name of the blocks' list, or None when the
+    model has no repeated blocks (nothing done).
     """
     found = repeated_blocks(model)
     if found is None:
         return None
     name, blocks = found
-    if options.nested_regions:
-        _mark_nested_regions(blocks)
-    else:
-        for block in blocks:
-            block.compile(**options.compile_kwargs())
-        _no_cache_unless_asked(model)
+    for block in blocks:
+        block.compile(**options.compile_kwargs())
+    _no_cache_unless_asked(model)
+    _compile_loss_function(model, options)
     return name
 
 
-def _mark_nested_regions(blocks: nn.ModuleList) -> None:
-    """Route every block's forward through one nested compile region: one function for all the blocks,
-    which is what lets torch.compile reuse the region's compiled code from one layer to the next."""
-    forward = type(blocks[0]).forward
-
-    def block_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        return forward(self, *args, **kwargs)
-
-    region = torch.compiler.nested_compile_region(block_forward)
-    for block in blocks:
-        block.forward = types.MethodType(region, block)
+def _compile_loss_function(model: nn.Module, options: CompileOptions) -> None:
+    """A transformers model's ``loss_function``, compiled (one more small graph): models that compute their
+    loss another way keep it eager."""
+    if isinstance(getattr(type(model), "loss_function", None), property):
+        with contextlib.suppress(AttributeError, KeyError):
+            model.loss_function = torch.compile(model.loss_function, **options.compile_kwargs())
 
 
 def _no_cache_unless_asked(model: nn.Module) -> None:

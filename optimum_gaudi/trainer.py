@@ -237,7 +237,7 @@ class GaudiTrainerMixin(TrainerShims):
         self._graph_wrapped.discard((False, id(model)))
 
     def _prepare_compile(self, model: nn.Module) -> None:
-        """Once per model: pin its loss function (no graph break) and, if asked, compile its blocks."""
+        """Once per model: pin its loss function (no graph break) and, if asked, compile its blocks and loss."""
         if getattr(model, "_gaudi_compile_prepared", False):
             return
         model._gaudi_compile_prepared = True
@@ -249,8 +249,7 @@ class GaudiTrainerMixin(TrainerShims):
             logger.info("Regional compilation: the blocks of %s compiled once for all of them.", blocks)
             return
         logger.warning("--use_regional_compilation: no repeated blocks in the model; compiling it whole.")
-        if not self._compile.nested_regions:  # otherwise accelerate compiles the whole model already
-            model.compile(**self._compile.compile_kwargs())
+        model.compile(**self._compile.compile_kwargs())
 
     def _use_fast_ddp(self) -> bool:
         return self.args.distribution_strategy == "fast_ddp" and self.args.world_size > 1

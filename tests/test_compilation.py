@@ -78,48 +78,40 @@ def eager_and_regional(data, tmp_path, backend):
     return eager, regional
 
 
-def test_regional_compilation_builds_one_graph_for_all_blocks_and_matches_eager(tiny_lm_data, tmp_path):
-    eager, (trainer, regional, graphs) = eager_and_regional(tiny_lm_data, tmp_path, "aot_eager")
-    model = trainer.accelerator.unwrap_model(trainer.model, keep_torch_compile=False)
-    regions = {block.forward.__func__ for block in model.transformer.h}
-    assert len(regions) == 1 and hasattr(regions.pop(), "__marked_compile_region_fn__")  # one region, 3 blocks
-    assert graphs == [1, 1, 1, 1]  # the whole model in one graph, never rebuilt
-    assert trainer._compilation_log.graphs == 1
+@pytest.mark.parametrize("backend", ["aot_eager", "eager"])
+def test_regional_compilation_compiles_the_block_once_and_the_loss_and_matches_eager(tiny_lm_data, tmp_path, backend):
+    eager, (trainer, regional, graphs) = eager_and_regional(tiny_lm_data, tmp_path, backend)
+    model = trainer.model
+    assert all(block._compiled_call_impl is not None for block in model.transformer.h)
+    assert model._compiled_call_impl is None  # the rest of the model stays eager
+    assert graphs == [2, 2, 2, 2]  # one graph shared by the 3 blocks, one for the loss: never rebuilt
+    assert trainer._compilation_log.graphs == 2
+    model.config.use_cache = True  # (transformers >= 5 sets it from --use_cache, False by default)
+    assert model(input_ids=torch.zeros(1, 4, dtype=torch.long)).past_key_values is None  # off for the trainer
+    assert model(input_ids=torch.zeros(1, 4, dtype=torch.long), use_cache=True).past_key_values is not None
     assert list(model.state_dict()) == list(gpt2(3).state_dict())  # no _orig_mod prefixes
     assert regional == pytest.approx(eager, abs=1e-4)
 
 
-def test_nested_regions_trace_the_block_once_for_every_layer():
+def test_regional_graphs_hold_the_block_and_the_loss_and_leave_the_embeddings_eager():
     model = gpt2(3, **NO_DROPOUT).train()
     ids = torch.randint(0, 100, (2, 8))
     expected = model(input_ids=ids, labels=ids).loss
-    pin_loss_function(model)  # (transformers' one-time loss warning would break the graph)
-    assert compile_regions(model, CompileOptions(backend="inductor", regional=True)) == "transformer.h"
     seen = []
 
     def recording_backend(graph_module, example_inputs):
-        seen.append(graph_module)
+        seen.append({str(n.target) for n in graph_module.graph.nodes if n.op == "call_function"})
         return graph_module.forward
 
-    loss = torch.compile(model, backend=recording_backend)(input_ids=ids, labels=ids).loss
-    (graph,) = seen
-    calls = [n for n in graph.graph.nodes if n.target is torch.ops.higher_order.invoke_subgraph]
-    assert len(calls) == 3  # every layer runs the region ...
-    assert len({n.args[0].target for n in calls}) == 1  # ... traced once, as one subgraph
+    pin_loss_function(model)  # as the trainer does: transformers' one-time loss warning stays out of the graph
+    assert compile_regions(model, CompileOptions(backend=recording_backend, regional=True)) == "transformer.h"
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    block, loss_graph = seen  # built once for the 3 blocks, then once for the loss
+    assert any("scaled_dot_product_attention" in t for t in block)
+    assert any("cross_entropy" in t for t in loss_graph)
+    assert not any("embedding" in t for t in block | loss_graph)  # the embeddings run eagerly
     torch.testing.assert_close(loss, expected)
-
-
-def test_regional_compilation_for_other_backends_compiles_each_block_and_keeps_the_config(tiny_lm_data, tmp_path):
-    eager, (trainer, regional, graphs) = eager_and_regional(tiny_lm_data, tmp_path, "eager")
-    model = trainer.model
-    assert all(block._compiled_call_impl is not None for block in model.transformer.h)
-    assert model._compiled_call_impl is None  # the rest of the model stays eager
-    assert graphs == [1, 1, 1, 1]  # one graph shared by the 3 blocks: no KV cache makes their guards differ
-    model.config.use_cache = True  # (transformers >= 5 sets it from --use_cache, False by default)
-    assert model(input_ids=torch.zeros(1, 4, dtype=torch.long)).past_key_values is None  # off for the trainer
-    assert model(input_ids=torch.zeros(1, 4, dtype=torch.long), use_cache=True).past_key_values is not None
-    assert list(model.state_dict()) == list(gpt2(3).state_dict())
-    assert regional == pytest.approx(eager, abs=1e-4)
 
 
 def test_whole_model_compile_under_the_op_lists_has_no_graph_break(tiny_lm_data, tmp_path):
@@ -177,10 +169,9 @@ def test_a_new_shape_that_recompiles_is_logged_once_with_its_shape(caplog):
 
 
 def test_regional_compile_leaves_the_saved_config_as_it_is():
-    for backend in ("inductor", "eager"):  # nested regions, and one compiled module per block
-        model = gpt2(2)
-        assert compile_regions(model, CompileOptions(backend=backend, regional=True)) == "transformer.h"
-        assert model.config.use_cache is True
+    model = gpt2(2)
+    assert compile_regions(model, CompileOptions(backend="eager", regional=True)) == "transformer.h"
+    assert model.config.use_cache is True
 
 
 def test_regional_compile_without_repeated_blocks_returns_none():
@@ -201,11 +192,13 @@ def test_compile_flags_without_torch_compile_warn_and_bad_limit_fails(tmp_path, 
     assert "which --throughput_warmup_steps 0 counts in the throughput: pass --throughput_warmup_steps 1" in caplog.text
 
 
-def test_regional_compilation_on_the_simulated_gaudi_uses_hpu_backend_once(tiny_lm_data, tmp_path, bridge):
+def test_regional_compilation_on_the_simulated_gaudi_uses_hpu_backend_for_the_block_and_the_loss(
+    tiny_lm_data, tmp_path, bridge
+):
     trainer, losses, graphs = train(
         gpt2(3, **NO_DROPOUT), tiny_lm_data, tmp_path, steps=2, use_habana=True,
         torch_compile=True, use_regional_compilation=True,
     )  # fmt: skip
     assert trainer.args.torch_compile_backend == "hpu_backend"
-    assert len(bridge().calls_named("dynamo.hpu_backend")) == 1  # one graph for the 3 blocks
-    assert graphs == [1, 1] and len(losses) == 2
+    assert len(bridge().calls_named("dynamo.hpu_backend")) == 2  # one graph for the 3 blocks, one for the loss
+    assert graphs == [2, 2] and len(losses) == 2
