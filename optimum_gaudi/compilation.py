@@ -166,9 +166,9 @@ def compile_regions(model: nn.Module, options: CompileOptions) -> str | None:
 def _compile_loss_function(model: nn.Module, options: CompileOptions) -> None:
     """A transformers model's ``loss_function``, compiled (one more small graph): models that compute their
     loss another way keep it eager."""
-    if isinstance(getattr(type(model), "loss_function", None), property):
-        with contextlib.suppress(AttributeError, KeyError):
-            model.loss_function = torch.compile(model.loss_function, **options.compile_kwargs())
+    loss_function = _resolved_loss_function(model)
+    if loss_function is not None:
+        model.loss_function = torch.compile(loss_function, **options.compile_kwargs())
 
 
 def _no_cache_unless_asked(model: nn.Module) -> None:
@@ -189,9 +189,18 @@ def _no_cache_unless_asked(model: nn.Module) -> None:
 def pin_loss_function(model: nn.Module) -> None:
     """Resolve transformers' ``loss_function`` once, eagerly: its one-time warning, when it runs inside a
     compiled forward, is a graph break on every step."""
-    if isinstance(getattr(type(model), "loss_function", None), property) and not hasattr(model, "_loss_function"):
-        with contextlib.suppress(AttributeError, KeyError):
-            model.loss_function = model.loss_function
+    if not hasattr(model, "_loss_function") and (loss_function := _resolved_loss_function(model)) is not None:
+        model.loss_function = loss_function
+
+
+def _resolved_loss_function(model: nn.Module) -> Any:
+    """What transformers' ``loss_function`` property resolves to for ``model``; None for a model without it."""
+    if not isinstance(getattr(type(model), "loss_function", None), property):
+        return None
+    try:
+        return model.loss_function
+    except (AttributeError, KeyError):
+        return None
 
 
 def _graphs_built() -> int:
