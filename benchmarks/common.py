@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
 
-from optimum_gaudi.data import default_datasets, default_tokenizer, tokenize_and_group
+from optimum_gaudi.data.corpus import default_datasets, default_tokenizer, tokenize_and_group
 
 BLOCK_SIZE = 128
 

@@ -54,6 +54,10 @@ class UserError(Exception):
     """Something the user asked for that cannot work; the message is one line saying what to change."""
 
 
+class CommandError(UserError):
+    """A problem an ``optimum-gaudi`` subcommand reports as one ``error: ...`` line, exit code 2."""
+
+
 def one_line(text: str) -> str:
     """The message squeezed onto one line (a user error must be a single line on the terminal)."""
     return " ".join(part.strip() for part in str(text).strip().splitlines() if part.strip())

@@ -756,9 +756,9 @@ def test_launcher_bad_input_is_one_line(ws, capsys, launcher_env, make_argv, wor
 
 
 def test_launcher_port_in_use_is_one_line_before_anything_starts(ws, capsys, launcher_env, monkeypatch):
-    from optimum_gaudi.distributed import launch
+    from optimum_gaudi.distributed import launcher
 
-    monkeypatch.setattr(launch, "run", lambda *a, **k: pytest.fail("the job was started"))
+    monkeypatch.setattr(launcher, "run", lambda *a, **k: pytest.fail("the job was started"))
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -768,12 +768,12 @@ def test_launcher_port_in_use_is_one_line_before_anything_starts(ws, capsys, lau
 
 
 def test_port_taken_after_the_check_is_named_from_the_job_output():
-    from optimum_gaudi.distributed import launch
+    from optimum_gaudi.distributed import launch_plan, launcher
 
-    plan = launch.LaunchPlan(backend="torchrun", script="x.py", master_port=29555)
+    plan = launch_plan.LaunchPlan(backend="torchrun", script="x.py", master_port=29555)
     output = "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
     output += "address. port: 29555, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use\n"
-    assert "port 29555 on 127.0.0.1 is already in use" in launch.describe_failure(plan, output, 1)
+    assert "port 29555 on 127.0.0.1 is already in use" in launcher.describe_failure(plan, output, 1)
 
 
 # ---- as a user sees it: real processes --------------------------------------------------------------------

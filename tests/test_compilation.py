@@ -10,7 +10,7 @@ from torch._dynamo.utils import counters
 from transformers import TrainerCallback
 
 from optimum_gaudi import GaudiConfig, GaudiTrainer, GaudiTrainingArguments
-from optimum_gaudi.compilation import (
+from optimum_gaudi.features.compilation import (
     CompilationLog,
     CompileOptions,
     compile_regions,
@@ -157,7 +157,7 @@ def test_compile_dynamic_and_cache_size_limit_reach_torch(tmp_path):
 def test_a_new_shape_that_recompiles_is_logged_once_with_its_shape(caplog):
     log = CompilationLog()
     fn = torch.compile(lambda x: x.sin() + 1, backend="eager", dynamic=False)
-    with caplog.at_level(logging.WARNING, logger="optimum_gaudi.compilation"):
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi.features.compilation"):
         for step, shape in enumerate([(2, 8), (2, 8), (2, 5), (2, 8)]):
             inputs = {"input_ids": torch.zeros(shape)}
             with log.watch(inputs, step):
@@ -179,7 +179,7 @@ def test_regional_compile_without_repeated_blocks_returns_none():
 
 
 def test_compile_flags_without_torch_compile_warn_and_bad_limit_fails(tmp_path, caplog):
-    from optimum_gaudi.training_args import GaudiArgumentError
+    from optimum_gaudi.trainers.training_args import GaudiArgumentError
 
     with caplog.at_level(logging.WARNING):
         GaudiTrainingArguments(output_dir=str(tmp_path), use_regional_compilation=True, report_to=[])

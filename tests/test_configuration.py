@@ -4,7 +4,7 @@ import logging
 import pytest
 
 from optimum_gaudi import GaudiConfig, GaudiConfigError
-from optimum_gaudi.configuration import GAUDI_CONFIG_NAME, bundled_config_names, bundled_configs_dir
+from optimum_gaudi.configuration.gaudi_config import GAUDI_CONFIG_NAME, bundled_config_names, bundled_configs_dir
 
 REQUIRED_BUNDLED = [
     "gpt2",

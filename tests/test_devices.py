@@ -6,7 +6,7 @@ import torch
 
 from optimum_gaudi import GaudiTrainingArguments
 from optimum_gaudi.devices import FEATURES, CPUDevice, CUDADevice, HPUDevice, NoGaudiError, detect_device
-from optimum_gaudi.features import feature_table
+from optimum_gaudi.features.table import feature_table
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from transformers import DefaultFlowCallback, PrinterCallback, Trainer, TrainerC
 from transformers.trainer_callback import ProgressCallback
 
 from optimum_gaudi import GaudiConfig, GaudiTrainer, GaudiTrainingArguments
-from optimum_gaudi.metrics import is_measurement_key
+from optimum_gaudi.features.metrics import is_measurement_key
 
 COMMON = dict(per_device_train_batch_size=4, per_device_eval_batch_size=4, report_to=[], seed=0, save_strategy="no")
 

@@ -17,9 +17,9 @@ import torch
 from datasets import Dataset
 from safetensors.torch import load_file
 
-from optimum_gaudi.data import default_corpus_texts, default_datasets
+from optimum_gaudi.data.corpus import default_corpus_texts, default_datasets
+from optimum_gaudi.data.tasks import STDLIB_AREAS, docstring_summary_datasets, stdlib_topic_datasets
 from optimum_gaudi.errors import call_main
-from optimum_gaudi.tasks import STDLIB_AREAS, docstring_summary_datasets, stdlib_topic_datasets
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SCRIPTS = {
@@ -73,7 +73,7 @@ def tiny_causal_lm(tmp_path_factory, cache):
     """A tiny GPT-2 with the embedded tokenizer, saved as a pretrained model directory."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from optimum_gaudi.data import default_tokenizer
+    from optimum_gaudi.data.corpus import default_tokenizer
 
     with pytest.MonkeyPatch.context() as patch:  # module-scoped: no environment left to other tests
         patch.setenv("OPTIMUM_GAUDI_CACHE", str(cache))
@@ -360,7 +360,7 @@ def test_run_generation_without_a_model_points_to_make_demo(tmp_path, monkeypatc
 
 
 def test_rouge_follows_its_definition():
-    from optimum_gaudi.rouge import rouge
+    from optimum_gaudi.data.rouge import rouge
 
     scores = rouge(["The cat sat.", "nothing shared"], ["the cat sat on the mat", "completely different"])
     # pair 1: unigrams P=3/3 R=3/6 -> F1 2/3; bigrams P=2/2 R=2/5 -> 4/7; LCS 3 -> 2/3. pair 2: all zero.

@@ -63,7 +63,7 @@ def run_probe(tmp_path, launcher=(sys.executable,), **env):
 
 
 def expected_gpt2_lists():
-    from optimum_gaudi.op_lists import resolve_op_lists
+    from optimum_gaudi.configuration.op_lists import resolve_op_lists
 
     config = GaudiConfig.from_pretrained("gpt2")
     return resolve_op_lists(config.autocast_bf16_ops, config.autocast_fp32_ops)
@@ -172,7 +172,7 @@ def test_fast_ddp_with_hpu_graphs_graphs_the_inner_model(bridge, tmp_path, tiny_
     monkeypatch.setattr(GaudiTrainer, "_use_fast_ddp", lambda self: True)
     monkeypatch.setattr(fast_ddp, "broadcast_parameters", lambda model: None)
     monkeypatch.setattr(fast_ddp.FusedGradientAllReduce, "__init__", lambda self, params, dtype=None: None)
-    monkeypatch.setattr("optimum_gaudi.trainer.broadcast_parameters", lambda model: None)
+    monkeypatch.setattr("optimum_gaudi.trainers.trainer.broadcast_parameters", lambda model: None)
     args = hpu_args(tmp_path, use_lazy_mode=True, use_hpu_graphs_for_training=True, distribution_strategy="fast_ddp")
     trainer = GaudiTrainer(model=tiny_gpt2(), args=args, train_dataset=tiny_lm_data)
     model = trainer._wrap_model(trainer.model, training=True)  # ModuleCacher asserts on a forward(*args)
@@ -230,7 +230,7 @@ def test_graph_api_runs_on_an_eager_gaudi(bridge, caplog):
 
 @BOTH
 def test_profiler_default_activities_record_on_the_gaudi_path(bridge, tmp_path, tiny_gpt2, tiny_lm_data):
-    from optimum_gaudi.profiling import GaudiProfilerCallback
+    from optimum_gaudi.features.profiling import GaudiProfilerCallback
 
     callback = GaudiProfilerCallback(warmup_steps=0, active_steps=1, output_dir=tmp_path)  # before the bridge
     args = hpu_args(tmp_path, max_steps=1)  # loads the bridge, which swaps torch's enum
@@ -245,8 +245,8 @@ def test_profiler_default_activities_record_on_the_gaudi_path(bridge, tmp_path, 
 
 @BOTH
 def test_a_bf16_only_config_means_habanas_fp32_list_on_hpu_and_cpu(bridge, tmp_path, monkeypatch):
+    from optimum_gaudi.configuration.op_lists import HABANA_DEFAULT_FP32_OPS
     from optimum_gaudi.devices import CPUDevice
-    from optimum_gaudi.op_lists import HABANA_DEFAULT_FP32_OPS
 
     config = tmp_path / "bf16_only.json"
     config.write_text(json.dumps({"use_torch_autocast": True, "autocast_bf16_ops": ["linear", "matmul"]}))
@@ -264,8 +264,8 @@ def test_a_bf16_only_config_means_habanas_fp32_list_on_hpu_and_cpu(bridge, tmp_p
 
 
 def test_every_bundled_config_uses_known_op_names():
-    from optimum_gaudi.configuration import bundled_configs_dir
-    from optimum_gaudi.op_lists import KNOWN_OPS
+    from optimum_gaudi.configuration.gaudi_config import bundled_configs_dir
+    from optimum_gaudi.configuration.op_lists import KNOWN_OPS
 
     for path in sorted(bundled_configs_dir().glob("*.json")):
         config = GaudiConfig.from_json_file(path)
@@ -274,7 +274,7 @@ def test_every_bundled_config_uses_known_op_names():
 
 
 def test_an_unknown_op_name_warns_once_with_the_closest_known_op(caplog):
-    from optimum_gaudi.op_lists import resolve_op_lists
+    from optimum_gaudi.configuration.op_lists import resolve_op_lists
 
     with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
         for _ in range(3):
@@ -289,7 +289,11 @@ def test_op_list_warnings_on_cpu_are_said_once_not_every_step(tmp_path, tiny_gpt
     )
     with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
         GaudiTrainer(model=tiny_gpt2(), args=args, train_dataset=tiny_lm_data).train()
-    about_ops = [r for r in caplog.records if r.name in ("optimum_gaudi.precision", "optimum_gaudi.op_lists")]
+    about_ops = [
+        r
+        for r in caplog.records
+        if r.name in ("optimum_gaudi.devices.autocast", "optimum_gaudi.configuration.op_lists")
+    ]
     assert len(about_ops) <= 2  # at most one line from each module, whatever the number of steps
 
 

@@ -21,8 +21,8 @@ import pytest
 from conftest import FAKES
 
 from optimum_gaudi.cli import main
-from optimum_gaudi.distributed import launch
-from optimum_gaudi.op_lists import BF16_LIST_ENV, FP32_LIST_ENV, LIST_FILES_ENV
+from optimum_gaudi.configuration.op_lists import BF16_LIST_ENV, FP32_LIST_ENV, LIST_FILES_ENV
+from optimum_gaudi.distributed import launch_plan, launcher
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -44,8 +44,8 @@ def nothing_starts(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the launcher started a process")
 
-    monkeypatch.setattr(launch, "run", refuse)
-    monkeypatch.setattr(launch.subprocess, "Popen", refuse)
+    monkeypatch.setattr(launcher, "run", refuse)
+    monkeypatch.setattr(launcher.subprocess, "Popen", refuse)
 
 
 def one_error_line(text: str) -> str:
@@ -139,7 +139,7 @@ def test_use_deepspeed_without_deepspeed_says_what_to_install(monkeypatch, capsy
 
 def test_python_dash_m_launch_refuses_with_exit_code_2_and_one_line():
     result = subprocess.run(
-        [sys.executable, "-m", "optimum_gaudi.launch", "--nnodes", "2", str(ALLREDUCE)],
+        [sys.executable, "-m", "optimum_gaudi", "launch", "--nnodes", "2", str(ALLREDUCE)],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -193,7 +193,7 @@ def test_script_arguments_are_passed_on_untouched(capsys):
 
 
 def test_deepspeed_over_ssh_from_a_hostfile_and_per_node_with_a_rank(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(launch, "_deepspeed_executable", lambda environ: "/opt/bin/deepspeed")
+    monkeypatch.setattr(launch_plan, "_deepspeed_executable", lambda environ: "/opt/bin/deepspeed")
     hosts = hostfile(tmp_path, "# two Gaudi servers", "gaudi-a slots=8", "gaudi-b slots=8")
     command = dry_run(capsys, "--use_deepspeed", "--hostfile", hosts, "--world_size", "8")
     assert command[:13] == [
@@ -206,8 +206,8 @@ def test_deepspeed_over_ssh_from_a_hostfile_and_per_node_with_a_rank(tmp_path, m
 
 
 def test_deepspeed_on_one_node():
-    plan = launch.LaunchPlan("deepspeed", "train.py", ("--deepspeed", "zero2.json"), 8, executable="deepspeed")
-    assert launch.build_command(plan) == [
+    plan = launch_plan.LaunchPlan("deepspeed", "train.py", ("--deepspeed", "zero2.json"), 8, executable="deepspeed")
+    assert launch_plan.build_command(plan) == [
         "deepspeed", "--num_nodes", "1", "--num_gpus", "8", "--master_addr", "127.0.0.1", "--master_port", "29500",
         "--no_local_rank", "train.py", "--deepspeed", "zero2.json",
     ]  # fmt: skip
@@ -215,17 +215,19 @@ def test_deepspeed_on_one_node():
 
 def test_mpirun_commands(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    plan = launch.LaunchPlan("mpi", "train.py", ("--bf16",), 8, master_port=1234, executable="/usr/bin/mpirun")
-    assert launch.build_command(plan, python="python", environ={}) == [
+    plan = launch_plan.LaunchPlan("mpi", "train.py", ("--bf16",), 8, master_port=1234, executable="/usr/bin/mpirun")
+    assert launch_plan.build_command(plan, python="python", environ={}) == [
         "/usr/bin/mpirun", "-n", "8", "--bind-to", "none", "-x", "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=1234",
-        "python", "-u", "-c", launch.MPI_WORKER, "train.py", "--bf16",
+        "python", "-u", "-c", launch_plan.MPI_WORKER, "train.py", "--bf16",
     ]  # fmt: skip
-    plan = launch.LaunchPlan("mpi", "train.py", (), 8, nnodes=2, master_addr="a", hostfile="hosts", per_node=False)
-    command = launch.build_command(plan, python="python", environ={"PYTHONPATH": "/src", "HCCL_X": "1", "HOME": "/"})
+    plan = launch_plan.LaunchPlan("mpi", "train.py", (), 8, nnodes=2, master_addr="a", hostfile="hosts", per_node=False)
+    command = launch_plan.build_command(
+        plan, python="python", environ={"PYTHONPATH": "/src", "HCCL_X": "1", "HOME": "/"}
+    )
     assert command[:7] == ["mpirun", "-n", "16", "--hostfile", "hosts", "--map-by", "ppr:8:node"]
     assert command[7:11] == ["-x", "HCCL_X", "-x", "PYTHONPATH"]  # what the other hosts need; HOME is theirs
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    assert "--allow-run-as-root" in launch.build_command(plan, python="python", environ={})
+    assert "--allow-run-as-root" in launch_plan.build_command(plan, python="python", environ={})
 
 
 def test_mpirun_forwards_the_bridge_variables_to_the_other_nodes(tmp_path, monkeypatch, capsys):
@@ -255,7 +257,7 @@ def test_mpi_worker_writes_the_op_list_files_its_node_lacks(tmp_path):
         LIST_FILES_ENV: json.dumps({str(lists): "softmax\n"}),
     }
     result = subprocess.run(
-        [sys.executable, "-c", launch.MPI_WORKER, str(script)], capture_output=True, text=True, env=env, timeout=60
+        [sys.executable, "-c", launch_plan.MPI_WORKER, str(script)], capture_output=True, text=True, env=env, timeout=60
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "softmax\n"
@@ -271,7 +273,7 @@ def test_mpi_worker_gives_each_rank_the_torch_variables(tmp_path):
     ompi = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
     ompi |= {"OMPI_COMM_WORLD_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_NODE_RANK": "1"}
     result = subprocess.run(
-        [sys.executable, "-c", launch.MPI_WORKER, str(script), "--x", "1"],
+        [sys.executable, "-c", launch_plan.MPI_WORKER, str(script), "--x", "1"],
         capture_output=True,
         text=True,
         env={**os.environ, **ompi},
@@ -313,29 +315,31 @@ Root Cause (first observed failure):
 
 
 def test_failure_summary_names_torchruns_root_cause():
-    plan = launch.LaunchPlan("torchrun", "fault.py", nproc_per_node=2, nnodes=2, node_rank=1, master_addr="a")
-    assert launch.describe_failure(plan, "log\n" + TORCHRUN_REPORT, 1) == (
+    plan = launch_plan.LaunchPlan("torchrun", "fault.py", nproc_per_node=2, nnodes=2, node_rank=1, master_addr="a")
+    assert launcher.describe_failure(plan, "log\n" + TORCHRUN_REPORT, 1) == (
         "rank 3 (local rank 1 on node 1) was killed by SIGKILL; torchrun stopped the other ranks of this node"
     )
     agent_line = "E0101 api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 102) of binary: python\n"
-    assert launch.describe_failure(plan, agent_line, 1).startswith("rank 3 (local rank 1 on node 1) exited with code 1")
-    assert launch.describe_failure(plan, "no report", 1) == (
+    assert launcher.describe_failure(plan, agent_line, 1).startswith(
+        "rank 3 (local rank 1 on node 1) exited with code 1"
+    )
+    assert launcher.describe_failure(plan, "no report", 1) == (
         "torchrun exited with code 1 on node 1; the failed rank's output is above"
     )
 
 
 def test_master_watch_waits_for_node_0_to_have_been_up_then_counts_refusals(monkeypatch):
-    monkeypatch.setattr(launch, "MASTER_WATCH_INTERVAL", 0.0)
+    monkeypatch.setattr(launcher, "MASTER_WATCH_INTERVAL", 0.0)
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
-    watch = launch._MasterWatch("127.0.0.1", port)
+    watch = launcher._MasterWatch("127.0.0.1", port)
     assert not watch.gone(workers_started=False) and watch.was_up
     server.close()
-    verdicts = [watch.gone(workers_started=True) for _ in range(launch.MASTER_WATCH_MISSES)]
-    assert verdicts == [False] * (launch.MASTER_WATCH_MISSES - 1) + [True]
+    verdicts = [watch.gone(workers_started=True) for _ in range(launcher.MASTER_WATCH_MISSES)]
+    assert verdicts == [False] * (launcher.MASTER_WATCH_MISSES - 1) + [True]
 
-    never_up = launch._MasterWatch("127.0.0.1", port)  # node 0 not started yet: wait for it, however long
-    assert not any(never_up.gone(workers_started=False) for _ in range(2 * launch.MASTER_WATCH_MISSES))
+    never_up = launcher._MasterWatch("127.0.0.1", port)  # node 0 not started yet: wait for it, however long
+    assert not any(never_up.gone(workers_started=False) for _ in range(2 * launcher.MASTER_WATCH_MISSES))
     assert never_up.gone(workers_started=True)  # this node's rendezvous passed, so node 0 was up, and is gone
 
 
@@ -349,8 +353,8 @@ def job_environment() -> dict[str, str]:
     return env
 
 
-def launcher(*args: str) -> list[str]:
-    return [sys.executable, "-m", "optimum_gaudi.launch", *args]
+def launch_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "optimum_gaudi", "launch", *args]
 
 
 def records(directory: Path) -> list[dict]:
@@ -378,7 +382,7 @@ def assert_all_gone(pids: list[int], within: float = 10.0) -> None:
 
 def test_two_processes_all_reduce_on_one_node(tmp_path):
     result = subprocess.run(
-        launcher("--world_size", "2", str(ALLREDUCE), str(tmp_path), "--flag", "value"),
+        launch_command("--world_size", "2", str(ALLREDUCE), str(tmp_path), "--flag", "value"),
         capture_output=True,
         text=True,
         env=job_environment(),
@@ -395,10 +399,12 @@ def test_two_processes_all_reduce_on_one_node(tmp_path):
 
 
 def test_two_nodes_of_one_process_on_loopback(tmp_path):
-    port = str(launch.free_port())
+    port = str(launch_plan.free_port())
     nodes = [
         subprocess.Popen(
-            launcher("--nnodes", "2", "--node_rank", str(rank), "--master_addr", "127.0.0.1", "--master_port", port)
+            launch_command(
+                "--nnodes", "2", "--node_rank", str(rank), "--master_addr", "127.0.0.1", "--master_port", port
+            )
             + ["--world_size", "1", str(ALLREDUCE), str(tmp_path)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -421,7 +427,7 @@ def test_two_nodes_of_one_process_on_loopback(tmp_path):
 def test_a_failed_rank_stops_the_job_and_is_named(tmp_path, mode, how):
     start = time.monotonic()
     result = subprocess.run(
-        launcher("--world_size", "2", str(FAULT), mode, str(tmp_path)),
+        launch_command("--world_size", "2", str(FAULT), mode, str(tmp_path)),
         capture_output=True,
         text=True,
         env=job_environment(),
@@ -439,7 +445,7 @@ def test_a_failed_rank_stops_the_job_and_is_named(tmp_path, mode, how):
 
 def test_sigterm_to_the_launcher_stops_every_rank(tmp_path):
     job = subprocess.Popen(
-        launcher("--world_size", "2", str(FAULT), "hang", str(tmp_path)),
+        launch_command("--world_size", "2", str(FAULT), "hang", str(tmp_path)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -468,7 +474,7 @@ def test_sigterm_to_the_launcher_stops_every_rank(tmp_path):
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
 def test_two_processes_all_reduce_through_mpirun(tmp_path):
     result = subprocess.run(
-        launcher("--use_mpi", "--world_size", "2", str(ALLREDUCE), str(tmp_path)),
+        launch_command("--use_mpi", "--world_size", "2", str(ALLREDUCE), str(tmp_path)),
         capture_output=True,
         text=True,
         env=job_environment(),

@@ -4,7 +4,7 @@ import pytest
 from transformers import TrainerCallback
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
-from optimum_gaudi.metrics import Throughput
+from optimum_gaudi.features.metrics import Throughput
 
 MEMORY_KEYS = ("memory_allocated (GB)", "max_memory_allocated (GB)", "total_memory_available (GB)")
 

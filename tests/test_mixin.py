@@ -16,7 +16,7 @@ from optimum_gaudi import (
     GaudiTrainingArguments,
     GaudiTrainingArgumentsMixin,
 )
-from optimum_gaudi.compat import TRAINER_HOOKS, TrainerHookError
+from optimum_gaudi.trainers.compat import TRAINER_HOOKS, TrainerHookError
 
 COMMON = dict(max_steps=5, per_device_train_batch_size=4, logging_steps=1, report_to=[], seed=0, save_strategy="no")
 

@@ -7,7 +7,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.devices import CPUDevice, HPUDevice
-from optimum_gaudi.profiling import GaudiProfilerCallback, profile, trace_path
+from optimum_gaudi.features.profiling import GaudiProfilerCallback, profile, trace_path
 
 
 class StepRecorder(TrainerCallback):

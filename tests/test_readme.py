@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from optimum_gaudi.cli import main
-from optimum_gaudi.distributed import launch
+from optimum_gaudi.distributed import launch_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -60,7 +60,7 @@ def fake_launchers(tmp_path, monkeypatch):
         program.write_text("#!/bin/sh\nexit 0\n")
         program.chmod(program.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setattr(launch, "_deepspeed_executable", lambda environ: str(tmp_path / "deepspeed"))
+    monkeypatch.setattr(launch_plan, "_deepspeed_executable", lambda environ: str(tmp_path / "deepspeed"))
 
 
 @pytest.mark.parametrize("argv", launch_lines(), ids=lambda argv: " ".join(a for a in argv if a.startswith("--use")))

@@ -14,7 +14,7 @@ from transformers import (
 
 from optimum_gaudi import GaudiSeq2SeqTrainer, GaudiSeq2SeqTrainingArguments
 from optimum_gaudi.devices import HPUDevice
-from optimum_gaudi.seq2seq import STATIC_INPUT_MULTIPLE, pad_encoder_inputs
+from optimum_gaudi.trainers.seq2seq import STATIC_INPUT_MULTIPLE, pad_encoder_inputs
 
 VOCAB = 40
 FIRST_WORD = 4  # ids below are special tokens in both configs

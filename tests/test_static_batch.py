@@ -14,8 +14,8 @@ from torch import nn
 from transformers import GPT2ForSequenceClassification, GPT2LMHeadModel
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
-from optimum_gaudi.batching import StaticRows, cut_rows, pad_rows
 from optimum_gaudi.devices import CPUDevice, CUDADevice, HPUDevice
+from optimum_gaudi.features.static_batches import StaticRows, cut_rows, pad_rows
 
 SAMPLES, BATCH, LENGTH = 66, 8, 8  # 8 full batches and a last one of 2 rows
 UNPADDED = "run unpadded"

@@ -10,12 +10,6 @@ import torch
 trl = pytest.importorskip("trl")
 
 from datasets import Dataset  # noqa: E402
-from tiny import losses  # noqa: E402
-from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
-from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer  # noqa: E402
-
-from optimum_gaudi import GaudiConfig, GaudiTrainerMixin, GaudiTrainingArgumentsMixin  # noqa: E402
-from optimum_gaudi.data import default_corpus_texts, default_tokenizer  # noqa: E402
 from optimum_gaudi.trl import (  # noqa: E402
     GaudiDPOConfig,
     GaudiDPOTrainer,
@@ -24,6 +18,12 @@ from optimum_gaudi.trl import (  # noqa: E402
     GaudiSFTConfig,
     GaudiSFTTrainer,
 )
+from tiny import losses  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer  # noqa: E402
+
+from optimum_gaudi import GaudiConfig, GaudiTrainerMixin, GaudiTrainingArgumentsMixin  # noqa: E402
+from optimum_gaudi.data.corpus import default_corpus_texts, default_tokenizer  # noqa: E402
 
 COMMON = dict(
     max_steps=3, per_device_train_batch_size=4, logging_steps=1, report_to=[], seed=0, save_strategy="no",

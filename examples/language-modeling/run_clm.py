@@ -3,7 +3,7 @@
 
 The command line is the one people know from transformers' run_clm.py plus every GaudiTrainingArguments flag,
 so the same command runs on a Gaudi, a GPU or a laptop CPU. With no dataset and no tokenizer it trains on the
-embedded default corpus and tokenizer (optimum_gaudi.data), so it works offline out of the box:
+embedded default corpus and tokenizer (optimum_gaudi.data.corpus), so it works offline out of the box:
 
     python examples/language-modeling/run_clm.py --model_type gpt2 \
         --config_overrides n_layer=2,n_embd=128,n_head=4 --do_train --do_eval \
@@ -50,7 +50,8 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.checkpoints import OutputDirGuard, check_output_dir, disk_full_is_user_error
-from optimum_gaudi.data import (
+from optimum_gaudi.configuration.hub import require_hub
+from optimum_gaudi.data.corpus import (
     check_text_file,
     default_datasets,
     default_tokenizer,
@@ -58,7 +59,6 @@ from optimum_gaudi.data import (
     tokenize_and_group,
 )
 from optimum_gaudi.errors import UserError, exception_chain, one_line, quiet_argparse_errors, run_main
-from optimum_gaudi.hub import require_hub
 
 logger = logging.getLogger(__name__)
 

@@ -32,9 +32,9 @@ from transformers import (
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
-from optimum_gaudi.data import tokenize_and_group
+from optimum_gaudi.data.corpus import tokenize_and_group
+from optimum_gaudi.data.tasks import default_mlm_tokenizer
 from optimum_gaudi.errors import run_main
-from optimum_gaudi.tasks import default_mlm_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ library that follows PEP 257 is a document (its body) with a one-line summary (i
         --max_steps 200 --use_habana --use_lazy_mode --use_hpu_graphs_for_inference \
         --gaudi_config_name Habana/bart --bf16 --output_dir /tmp/summarization
 
-ROUGE-1/2/L are computed by optimum_gaudi.rouge (no metric download needed).
+ROUGE-1/2/L are computed by optimum_gaudi.data.rouge (no metric download needed).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import run_clm  # noqa: E402  (argument groups, loaders and one-line errors shar
 from run_clm import UsageError  # noqa: E402
 
 from optimum_gaudi import GaudiSeq2SeqTrainer, GaudiSeq2SeqTrainingArguments  # noqa: E402
+from optimum_gaudi.data.rouge import rouge  # noqa: E402
+from optimum_gaudi.data.tasks import docstring_summary_datasets  # noqa: E402
 from optimum_gaudi.errors import run_main  # noqa: E402
-from optimum_gaudi.rouge import rouge  # noqa: E402
-from optimum_gaudi.tasks import docstring_summary_datasets  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

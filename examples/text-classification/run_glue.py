@@ -41,9 +41,9 @@ import run_clm  # noqa: E402  (argument groups, loaders and one-line errors shar
 from run_clm import UsageError  # noqa: E402
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments  # noqa: E402
+from optimum_gaudi.configuration.hub import require_hub  # noqa: E402
+from optimum_gaudi.data.tasks import stdlib_topic_datasets  # noqa: E402
 from optimum_gaudi.errors import run_main  # noqa: E402
-from optimum_gaudi.hub import require_hub  # noqa: E402
-from optimum_gaudi.tasks import stdlib_topic_datasets  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

@@ -89,7 +89,7 @@ class Device:
         """What to enter around each forward for bf16 autocast: the op lists exactly when given, else
         torch's own autocast for this device."""
         if bf16_ops or fp32_ops:
-            from ..precision import OpListAutocast
+            from .autocast import OpListAutocast
 
             autocast = OpListAutocast(bf16_ops, fp32_ops, device_type=self.type)  # re-entrant: built once
             return lambda: autocast

@@ -6,8 +6,8 @@ import contextlib
 import os
 import resource
 
-from ..host_memory import freed_memory_kept
 from .base import GB, Device
+from .host_memory import freed_memory_kept
 
 
 def _rss_bytes() -> int:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..op_lists import (
+from ..configuration.op_lists import (
     BF16_LIST_ENV,
     FP32_LIST_ENV,
     HABANA_DEFAULT_BF16_OPS,

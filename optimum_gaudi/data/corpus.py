@@ -30,7 +30,7 @@ from typing import Any
 from datasets import Dataset, DatasetDict
 from transformers import PreTrainedTokenizerFast
 
-from .errors import UserError
+from ..errors import UserError
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 from transformers import PreTrainedTokenizerFast
 
-from .data import (
+from .corpus import (
     _FORMAT_VERSION,
     _MIN_DOC_CHARS,
     _SKIP_DIRS,

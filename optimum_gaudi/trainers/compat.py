@@ -149,12 +149,10 @@ class TrainerShims(*SHIMS):
 
 
 @functools.cache
-def check_trainer_hooks(cls: type) -> None:
-    """Fails when a hook the Gaudi mixin overrides is missing from the Trainer classes ``cls`` builds on."""
-    from .trainer import GaudiTrainerMixin
-
+def check_trainer_hooks(cls: type, mixin: type) -> None:
+    """Fails when a hook ``mixin`` overrides is missing from the Trainer classes ``cls`` builds on after it."""
     mro = cls.__mro__
-    parents = mro[mro.index(GaudiTrainerMixin) + 1 :]
+    parents = mro[mro.index(mixin) + 1 :]
     missing = [name for name in TRAINER_HOOKS if not any(name in vars(p) for p in parents)]
     if missing:
         raise TrainerHookError(

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._aten_autocast_ops import NAMES as _REGISTERED
+from .aten_ops import NAMES as _REGISTERED
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def launch_environment(script_args: Sequence[str]) -> dict[str, str]:
     known, _ = parser.parse_known_args(list(script_args))
     env = {"PT_HPU_LAZY_MODE": "1" if known.use_lazy_mode.strip().lower() in ("true", "1", "yes", "y", "t") else "0"}
     if known.gaudi_config_name:
-        from .configuration import GaudiConfig, GaudiConfigError
+        from .gaudi_config import GaudiConfig, GaudiConfigError
 
         try:
             config = GaudiConfig.from_pretrained(known.gaudi_config_name)

@@ -19,18 +19,18 @@ from torch import nn
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_pt_utils import find_batch_size
 
-from .batching import StaticRows
-from .checkpoints import check_weights_fit, remove_previous_checkpoints, resolve_resume, staged_checkpoint
+from ..checkpoints import check_weights_fit, remove_previous_checkpoints, resolve_resume, staged_checkpoint
+from ..configuration.gaudi_config import GaudiConfig
+from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
+from ..devices.autocast import OpListAutocast
+from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
+from ..features.compilation import CompilationLog, CompileOptions, compile_regions, pin_loss_function
+from ..features.metrics import Throughput
+from ..features.profiling import GaudiProfilerCallback
+from ..features.static_batches import StaticRows
+from ..features.table import feature_table
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
-from .compilation import CompilationLog, CompileOptions, compile_regions, pin_loss_function
-from .configuration import GaudiConfig
-from .distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from .events import InternalCallbackHandler
-from .features import feature_table
-from .metrics import Throughput
-from .op_lists import config_uses_op_lists, resolve_op_lists
-from .precision import OpListAutocast
-from .profiling import GaudiProfilerCallback
 from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin
 
 logger = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class GaudiTrainerMixin(TrainerShims):
                 f"GaudiTrainingArgumentsMixin), got {type(args).__name__}; build {self.gaudi_args_class.__name__}(...) "
                 "with the same keyword arguments."
             )
-        check_trainer_hooks(type(self))
+        check_trainer_hooks(type(self), GaudiTrainerMixin)
         if isinstance(gaudi_config, dict):
             gaudi_config = GaudiConfig.from_dict(gaudi_config)
         elif gaudi_config is not None and not isinstance(gaudi_config, GaudiConfig):

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from ..errors import UserError
 from .hub import HubUnavailableError, require_hub
 
 logger = logging.getLogger(__name__)
@@ -45,11 +45,11 @@ class GaudiConfigError(UserError, ValueError):
 
 def bundled_configs_dir() -> Path:
     """Where the bundled configs live: ``gaudi_configs/`` of a source checkout, or the installed copy."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "gaudi_configs", here / "gaudi_configs"):
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package.parent / "gaudi_configs", package / "gaudi_configs"):
         if candidate.is_dir():
             return candidate
-    return here / "gaudi_configs"
+    return package / "gaudi_configs"
 
 
 def bundled_config_names() -> list[str]:

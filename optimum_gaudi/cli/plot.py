@@ -7,12 +7,15 @@ here; the figure is drawn straight onto an Agg canvas, so plotting never changes
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
 import re
 from pathlib import Path
 from typing import Any
+
+from ..errors import CommandError
 
 __all__ = ["PlotError", "find_trainer_state", "plot_run"]
 
@@ -214,3 +217,26 @@ def plot_run(output_dir: str | os.PathLike, out_path: str | os.PathLike | None =
     except OSError as e:
         raise PlotError(f"cannot write {out}: {e}") from e
     return out
+
+
+# ---- the command ------------------------------------------------------------------------------------------
+
+
+def _run_plot(args: argparse.Namespace) -> int:
+    try:
+        path = plot_run(args.output_dir, args.out)
+    except PlotError as e:
+        raise CommandError(str(e)) from e
+    print(path)
+    return 0
+
+
+def add_command(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "plot",
+        help="draw loss, learning rate, throughput and memory of a run to a PNG",
+        description="Reads OUTPUT_DIR/trainer_state.json (or the newest checkpoint's) and writes a PNG.",
+    )
+    parser.add_argument("output_dir", metavar="OUTPUT_DIR", help="the --output_dir of a training run")
+    parser.add_argument("--out", metavar="PATH", help="where to write the PNG (default: OUTPUT_DIR/training_plot.png)")
+    parser.set_defaults(run=_run_plot)

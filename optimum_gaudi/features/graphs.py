@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from .devices import Device, detect_device
+from ..devices import Device, detect_device
 
 
 class Graph:

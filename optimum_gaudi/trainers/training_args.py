@@ -15,12 +15,12 @@ from dataclasses import dataclass, field, fields
 import torch
 from transformers import TrainingArguments
 
-from .compilation import check_compile_flags, compile_choice_problem
-from .configuration import GaudiConfig
-from .devices import CPUDevice, Device, detect_device
-from .devices.hpu import bridge_installed, prepare_bridge
-from .errors import UserError
-from .op_lists import config_uses_op_lists, resolve_op_lists
+from ..configuration.gaudi_config import GaudiConfig
+from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
+from ..devices import CPUDevice, Device, detect_device
+from ..devices.hpu import bridge_installed, prepare_bridge
+from ..errors import UserError
+from ..features.compilation import check_compile_flags, compile_choice_problem
 
 logger = logging.getLogger(__name__)
 

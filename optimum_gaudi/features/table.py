@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .devices import FEATURES, Device
+from ..devices import FEATURES, Device
 
 
 def feature_states(args: Any, gaudi_config: Any) -> dict[str, Any]:

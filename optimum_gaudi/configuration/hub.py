@@ -11,7 +11,7 @@ import socket
 from functools import lru_cache
 from urllib.parse import urlparse
 
-from .errors import UserError
+from ..errors import UserError
 
 
 class HubUnavailableError(UserError, OSError):

@@ -1,0 +1,98 @@
+"""Module paths from before the one-folder-per-concern layout (0.1), kept importable for one more release.
+
+An old path imports the module at its new home (the same module object, so patching either path patches
+both) after one ``FutureWarning`` naming the new path. ``optimum_gaudi.trl`` stays a public name with no
+warning: it mirrors ``optimum.habana.trl``. A finder at the end of ``sys.meta_path`` does this, instead of
+one shim file per old path at the top of the package.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+from collections.abc import Callable
+from types import CodeType, ModuleType
+from typing import Any
+
+REMOVED_IN = "0.3"
+
+MOVED = {
+    "optimum_gaudi.trainer": "optimum_gaudi.trainers.trainer",
+    "optimum_gaudi.training_args": "optimum_gaudi.trainers.training_args",
+    "optimum_gaudi.seq2seq": "optimum_gaudi.trainers.seq2seq",
+    "optimum_gaudi.compat": "optimum_gaudi.trainers.compat",
+    "optimum_gaudi.events": "optimum_gaudi.trainers.events",
+    "optimum_gaudi.op_lists": "optimum_gaudi.configuration.op_lists",
+    "optimum_gaudi.hub": "optimum_gaudi.configuration.hub",
+    "optimum_gaudi.precision": "optimum_gaudi.devices.autocast",
+    "optimum_gaudi.host_memory": "optimum_gaudi.devices.host_memory",
+    "optimum_gaudi.compilation": "optimum_gaudi.features.compilation",
+    "optimum_gaudi.batching": "optimum_gaudi.features.static_batches",
+    "optimum_gaudi.graphs": "optimum_gaudi.features.graphs",
+    "optimum_gaudi.profiling": "optimum_gaudi.features.profiling",
+    "optimum_gaudi.metrics": "optimum_gaudi.features.metrics",
+    "optimum_gaudi.tasks": "optimum_gaudi.data.tasks",
+    "optimum_gaudi.rouge": "optimum_gaudi.data.rouge",
+    "optimum_gaudi.plot": "optimum_gaudi.cli.plot",
+    "optimum_gaudi.launch": "optimum_gaudi.cli.launch",
+    "optimum_gaudi.distributed.launch": "optimum_gaudi.distributed.launcher",
+}
+PUBLIC = {"optimum_gaudi.trl": "optimum_gaudi.trainers.trl"}
+# Old paths that were run with `python -m`: the subcommand of `optimum-gaudi` each one ran.
+RUNNABLE = {"optimum_gaudi.launch": "launch"}
+
+
+def moved_message(old: str, new: str) -> str:
+    return f"{old} moved to {new}; import it from there (the old path goes in optimum-gaudi {REMOVED_IN})."
+
+
+class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname: str, path: Any, target: ModuleType | None = None) -> Any:
+        if fullname in MOVED or fullname in PUBLIC:
+            return importlib.util.spec_from_loader(fullname, self)
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        old = module.__name__
+        new = PUBLIC.get(old) or MOVED[old]
+        if old not in PUBLIC:
+            warnings.warn(moved_message(old, new), FutureWarning, stacklevel=2)
+        sys.modules[old] = importlib.import_module(new)  # the import statement returns what sys.modules holds
+
+    def get_code(self, fullname: str) -> CodeType:
+        """What ``python -m OLD_PATH`` runs (runpy asks the loader for code)."""
+        command = RUNNABLE.get(fullname)
+        if command is None:
+            raise ImportError(f"{fullname} cannot be run with python -m; use {MOVED.get(fullname, fullname)}")
+        source = (
+            "import sys, warnings\n"
+            f"warnings.warn({f'python -m {fullname} is now python -m optimum_gaudi {command} (the old path goes in optimum-gaudi {REMOVED_IN}).'!r}, FutureWarning)\n"
+            "from optimum_gaudi.cli import main\n"
+            f"sys.exit(main([{command!r}, *sys.argv[1:]]))\n"
+        )
+        return compile(source, f"<{fullname}>", "exec")
+
+
+def install() -> None:
+    if not any(isinstance(finder, _Alias) for finder in sys.meta_path):
+        sys.meta_path.append(_Alias())  # last: a module that exists at a path always wins
+
+
+def forward_moved_names(package: str, new_module: str) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for a package that replaced a module of the same name: the names the old
+    module had come from ``new_module``, after one ``FutureWarning`` (then kept in the package, so a
+    ``from package import name``, which looks the name up twice, warns once)."""
+
+    def __getattr__(name: str) -> Any:
+        module = importlib.import_module(new_module)
+        if name.startswith("__") or not hasattr(module, name):
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        warnings.warn(moved_message(f"{package}.{name}", f"{new_module}.{name}"), FutureWarning, stacklevel=2)
+        value = getattr(module, name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    return __getattr__

@@ -1,0 +1,31 @@
+"""``optimum-gaudi launch``: the command line of the multi-process launcher (``distributed/launcher.py``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import CommandError
+
+
+def _run_launch(args: argparse.Namespace) -> int:
+    from ..distributed.launch_plan import LaunchError
+    from ..distributed.launcher import launch
+
+    try:
+        return launch(args)
+    except LaunchError as e:
+        raise CommandError(str(e)) from e
+
+
+def add_command(subparsers) -> None:
+    from ..distributed import launch_plan
+
+    parser = subparsers.add_parser(
+        "launch",
+        help="run a training script on several processes, cards or nodes",
+        description=launch_plan.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # an abbreviation before SCRIPT would silently become a launcher option
+    )
+    launch_plan.add_arguments(parser)
+    parser.set_defaults(run=_run_launch)
