@@ -1,0 +1,208 @@
+"""The package layout's rules (docs/architecture.md), read from the code's own imports: each folder imports
+only the folders below it, and no modules import each other in a circle. Lazy imports inside functions count."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "optimum_gaudi"
+
+# What each part of the package may import (a part is a top-level module or folder). Lowest first.
+ALLOWED = {
+    "errors": set(),
+    "_legacy_paths": set(),
+    "configuration": {"errors", "_legacy_paths"},
+    "data": {"errors", "_legacy_paths"},
+    "checkpoints": {"errors"},
+    "devices": {"errors", "configuration"},
+    "features": {"errors", "configuration", "devices"},
+    "distributed": {"errors", "configuration", "devices"},
+    "trainers": {"errors", "configuration", "devices", "features", "distributed", "checkpoints"},
+    "cli": {"errors", "configuration", "devices", "features", "distributed"},
+    "__init__": {"_legacy_paths", "configuration", "trainers"},
+    "__main__": {"cli"},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_imports(path: Path) -> set[str]:
+    """The optimum_gaudi modules ``path`` imports, anywhere in the file, resolved to absolute names."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "optimum_gaudi":
+                continue
+            if node.module is None or node.level and not node.module:  # `from . import x`: x may be a module
+                found.update(f"{target}.{alias.name}" for alias in node.names)
+            else:
+                found.add(target)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "optimum_gaudi")
+    return {resolve_module(t) for t in found if t != "optimum_gaudi"}
+
+
+def resolve_module(name: str) -> str:
+    """``name`` itself when it is a module or package of ours, else the module it is a name in."""
+    while name.count("."):
+        relative = Path(*name.split(".")[1:])
+        if (PACKAGE / relative).with_suffix(".py").is_file() or (PACKAGE / relative).is_dir():
+            return name
+        name = name.rpartition(".")[0]
+    return name
+
+
+def part_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def layering_violations(imports: dict[str, set[str]]) -> list[str]:
+    problems = []
+    for module, targets in sorted(imports.items()):
+        part = part_of(module)
+        if part not in ALLOWED:
+            problems.append(f"{module}: part {part!r} is not in the layout (add it to ALLOWED and the docs)")
+            continue
+        for target in sorted(targets):
+            other = part_of(target)
+            if other != part and other not in ALLOWED[part]:
+                problems.append(f"{module} imports {target}: {part} may not import {other}")
+    return problems
+
+
+def circles(imports: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in imports.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(imports):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def package_import_graph() -> dict[str, set[str]]:
+    graph = {module_name(p): package_imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
+    for module, targets in graph.items():  # a package's __init__ is not a circle with its own modules
+        graph[module] = {t for t in targets if not (module.startswith(t + ".") or t == module)}
+    return graph
+
+
+def test_every_import_follows_the_layering_rules():
+    assert layering_violations(package_import_graph()) == []
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    assert circles(package_import_graph()) == []
+
+
+def test_the_checks_catch_a_device_importing_the_trainer_and_a_circle():
+    bad = {
+        "optimum_gaudi.devices.cpu": {"optimum_gaudi.trainers.trainer"},
+        "optimum_gaudi.trainers.trainer": {"optimum_gaudi.trainers.compat"},
+        "optimum_gaudi.trainers.compat": {"optimum_gaudi.trainers.trainer"},
+    }
+    assert layering_violations(bad) == [
+        "optimum_gaudi.devices.cpu imports optimum_gaudi.trainers.trainer: devices may not import trainers"
+    ]
+    assert circles(bad) == [["optimum_gaudi.trainers.compat", "optimum_gaudi.trainers.trainer"]]
+
+
+def test_lazy_and_relative_imports_are_read():
+    imports = package_imports(PACKAGE / "devices" / "base.py")  # imports .autocast inside a method
+    assert "optimum_gaudi.devices.autocast" in imports
+
+
+def test_the_architecture_doc_names_every_folder_and_top_level_module():
+    doc = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    tree = doc.split("```", 2)[1]
+    named = set(re.findall(r"^\s*([\w.]+?)/?\s", tree, flags=re.M))
+    parts = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    parts |= {p.name for p in PACKAGE.glob("*.py")}
+    assert parts - named == set()
+
+
+@pytest.mark.parametrize(("old", "new"), [("optimum_gaudi.graphs", "optimum_gaudi.features.graphs")])
+def test_an_old_module_path_imports_the_new_module_after_one_warning(old, new):
+    import importlib
+
+    from optimum_gaudi._legacy_paths import MOVED
+
+    sys.modules.pop(old, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+    assert [str(w.message).split(";")[0] for w in caught] == [f"{old} moved to {new}"]
+    for path in MOVED.values():
+        importlib.import_module(path)  # every new home exists
+
+
+def test_old_module_paths_and_names_keep_working_in_a_fresh_process():
+    code = (
+        "import warnings; warnings.simplefilter('error', FutureWarning)\n"
+        "from optimum_gaudi.trl import GaudiSFTTrainer\n"  # public: no warning
+        "from optimum_gaudi.features import feature_table\n"
+        "from optimum_gaudi.configuration import GaudiConfig\n"
+        "warnings.simplefilter('always')\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    from optimum_gaudi.training_args import GaudiTrainingArguments\n"
+        "    from optimum_gaudi.configuration import bundled_config_names\n"
+        "    from optimum_gaudi.data import default_tokenizer\n"
+        "moved = [x for x in w if 'moved to' in str(x.message)]\n"
+        "print(len(moved), GaudiTrainingArguments.__module__, bundled_config_names.__module__, default_tokenizer.__module__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True).stdout
+    assert out.split() == [
+        "3",
+        "optimum_gaudi.trainers.training_args",
+        "optimum_gaudi.configuration.gaudi_config",
+        "optimum_gaudi.data.corpus",
+    ]
+
+
+def test_python_dash_m_old_launch_path_still_runs_the_launcher():
+    result = subprocess.run(
+        [sys.executable, "-m", "optimum_gaudi.launch", "--help"], capture_output=True, text=True, cwd=REPO
+    )
+    assert result.returncode == 0 and result.stdout.startswith("usage: optimum-gaudi launch")
+    assert "python -m optimum_gaudi launch" in result.stderr
