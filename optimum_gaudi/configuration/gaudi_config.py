@@ -80,6 +80,10 @@ class GaudiConfig:
     autocast_bf16_ops: list[str] | None = None
     autocast_fp32_ops: list[str] | None = None
     use_dynamic_shapes: bool = False
+    # Llama-family kernels where the device has them (a Gaudi: hpex FusedRMSNorm, the rotary helpers); elsewhere
+    # nothing is swapped (features/kernels.py)
+    use_fused_rms_norm: bool = False
+    use_fused_rope: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
