@@ -292,3 +292,48 @@ def test_autocast_lists_come_from_the_files_or_the_defaults(bridge, monkeypatch,
     lower, fp32 = bridge().autocast_lists
     assert lower == {"linear", "matmul"}
     assert "cross_entropy_loss" in fp32 and "nll_loss" in fp32  # fp32 list not set: Habana's default
+
+
+# ---- hpex/kernels/FusedSDPA.py, hpex/normalization/FusedRMSNorm.py, hpex/kernels/RotaryPosEmbeddingHelper.py ----
+
+
+def test_fused_sdpa_asserts_as_the_bridge_wrapper_does(bridge):
+    from habana_frameworks.torch.hpex.kernels import FusedSDPA
+
+    q = torch.randn(1, 4, 6, 8, requires_grad=True)
+    k, v = torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)  # grouped heads, not repeated
+    mask = torch.ones(1, 1, 6, 6, dtype=torch.bool)
+    with pytest.raises(AssertionError, match="fast softmax"):
+        FusedSDPA.apply(q, k, v, mask, 0.0, False, None, "FAST", True)  # training, recompute, not causal
+    with pytest.raises(AssertionError, match="valid_seq_len"):
+        FusedSDPA.apply(q, k, v, None, 0.0, True, None, "None", None, torch.tensor([6]))  # needs inference
+    with pytest.raises(NotImplementedError):
+        FusedSDPA.apply(q, k, v, mask, 0.0, True)  # a mask and the causal mode together
+    with pytest.raises(TypeError):
+        FusedSDPA.apply(q, k, v, attn_mask=mask)  # an autograd Function's apply takes arguments by position
+    out = FusedSDPA.apply(q, k, v, None, 0.0, True, None, "fast", True)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(out, expected)
+    call = bridge().calls_named("hpex.kernels.FusedSDPA")[-1].kwargs
+    assert (call["q_heads"], call["kv_heads"], call["softmax_mode"], call["recompute"]) == (4, 2, "fast", True)
+
+
+def test_fused_rms_norm_returns_float32_when_input_and_weight_dtypes_differ(bridge):
+    from habana_frameworks.torch.hpex.normalization import FusedRMSNorm
+
+    x, w = torch.randn(2, 8, dtype=torch.bfloat16), torch.ones(8)
+    assert FusedRMSNorm.apply(x, w, 1e-6).dtype == torch.float32
+    assert FusedRMSNorm.apply(x, w.bfloat16(), 1e-6).dtype == torch.bfloat16
+
+
+def test_rotary_helpers_rotate_half_blockwise_and_gather_a_table(bridge):
+    from habana_frameworks.torch.hpex.kernels import RotaryPosEmbeddingHelperV1, RotaryPosEmbeddingHelperV2
+
+    p = torch.randn(1, 2, 4, 8)
+    table_cos, table_sin = torch.randn(1, 1, 10, 8), torch.randn(1, 1, 10, 8)
+    positions = torch.tensor([[3, 4, 5, 6]])
+    cos, sin = table_cos[0, 0][positions].unsqueeze(1), table_sin[0, 0][positions].unsqueeze(1)
+    rotated = torch.cat((-p[..., 4:], p[..., :4]), dim=-1)
+    expected = p * cos + rotated * sin
+    torch.testing.assert_close(RotaryPosEmbeddingHelperV1.apply(p, cos, sin, 0), expected)
+    torch.testing.assert_close(RotaryPosEmbeddingHelperV2.apply(p, table_cos, table_sin, positions), expected)

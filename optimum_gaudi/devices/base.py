@@ -24,6 +24,9 @@ FEATURES = (
     "use_torch_autocast",
     "distribution_strategy",
     "torch_compile",
+    "attn_implementation",
+    "use_fused_rms_norm",
+    "use_fused_rope",
 )
 
 
@@ -94,6 +97,21 @@ class Device:
             autocast = OpListAutocast(bf16_ops, fp32_ops, device_type=self.type)  # re-entrant: built once
             return lambda: autocast
         return lambda: torch.autocast(device_type=self.type, dtype=torch.bfloat16)
+
+    # ---- LLM kernels: None means the model's own code (transformers' sdpa for gaudi_fused_sdpa) ---------------
+
+    def attention_kernel(self, options: Any) -> Callable[..., torch.Tensor] | None:
+        """The fused attention kernel behind ``attn_implementation="gaudi_fused_sdpa"`` in the modes ``options``
+        names (features/attention.py); None: transformers' own sdpa integration runs instead."""
+        return None
+
+    def rms_norm_kernel(self) -> Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None:
+        """A fused RMSNorm ``(hidden, weight, eps) -> normalized`` with Llama's result, or None."""
+        return None
+
+    def rotary_kernel(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
+        """A fused rotate-half rotary embedding ``(x, cos, sin) -> x rotated``, cos/sin per position, or None."""
+        return None
 
     def wrap_for_training(self, model: torch.nn.Module, max_graphs: int | None) -> torch.nn.Module:
         """Graph-cache the training forward where the device can; elsewhere the model as it is."""

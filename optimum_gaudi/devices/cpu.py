@@ -54,6 +54,9 @@ class CPUDevice(Device):
         "use_torch_autocast": "bf16 on exactly the config's op lists (torch.autocast('cpu') without lists)",
         "distribution_strategy": "gloo process group",
         "torch_compile": "inductor backend",
+        "attn_implementation": "gaudi_fused_sdpa is transformers' sdpa (torch SDPA); --flash_attention_* no-op",
+        "use_fused_rms_norm": "no-op: the model's own RMSNorm",
+        "use_fused_rope": "no-op: the model's own rotary embedding",
     }
 
     def loop_memory(self) -> contextlib.AbstractContextManager:

@@ -58,6 +58,9 @@ class CUDADevice(Device):
         "use_torch_autocast": "bf16 on exactly the config's op lists (torch.autocast('cuda') without lists)",
         "distribution_strategy": "nccl process group",
         "torch_compile": "inductor backend",
+        "attn_implementation": "gaudi_fused_sdpa is transformers' sdpa (torch SDPA (flash / memory-efficient kernels)); --flash_attention_* no-op",
+        "use_fused_rms_norm": "no-op: the model's own RMSNorm",
+        "use_fused_rope": "no-op: the model's own rotary embedding",
     }
 
     def count(self) -> int:

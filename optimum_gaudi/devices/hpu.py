@@ -157,6 +157,9 @@ class HPUDevice(Device):
         "use_torch_autocast": "torch.autocast('hpu', bfloat16) with the PT_HPU_AUTOCAST_* op lists",
         "distribution_strategy": "hccl process group",
         "torch_compile": "hpu_backend",
+        "attn_implementation": "gaudi_fused_sdpa: hpex.kernels.FusedSDPA (recompute / causal / fast softmax flags)",
+        "use_fused_rms_norm": "hpex.normalization.FusedRMSNorm in Llama-style RMSNorm modules",
+        "use_fused_rope": "hpex.kernels.RotaryPosEmbeddingHelperV1 for Llama-style rotary embedding",
     }
 
     # Modules are looked up per call (sys.modules makes that cheap) so the device object stays picklable:
@@ -278,6 +281,46 @@ class HPUDevice(Device):
         """HPU activity where this torch knows it (the bridge swaps in an enum that has it when it loads)."""
         activity = torch.profiler.ProfilerActivity
         return [activity.CPU, activity.HPU] if hasattr(activity, "HPU") else [activity.CPU]
+
+    # ---- LLM kernels (hpex/kernels, hpex/normalization) -------------------------------------------------------
+
+    def attention_kernel(self, options: Any) -> Callable[..., torch.Tensor]:
+        """FusedSDPA, whose ``apply`` takes its arguments by position (an autograd Function,
+        ``hpex/kernels/FusedSDPA.py``). Its fast softmax trains only in causal mode: for a batch with padding (a
+        mask, not the causal mode) the call uses the default softmax, said once."""
+        from habana_frameworks.torch.hpex.kernels import FusedSDPA
+
+        softmax = "fast" if options.fast_softmax else "None"
+
+        def kernel(q, k, v, mask, dropout_p, is_causal, scale):
+            mode = softmax
+            if mode == "fast" and not is_causal and (q.requires_grad or k.requires_grad or v.requires_grad):
+                _warn_once(
+                    "--flash_attention_fast_softmax: FusedSDPA trains with fast softmax only in causal mode; batches "
+                    "with padding use the default softmax (add --flash_attention_causal_mask for right padding)."
+                )
+                mode = "None"
+            return FusedSDPA.apply(q, k, v, mask, dropout_p, is_causal, scale, mode, options.recompute, None, "None")
+
+        return kernel
+
+    def rms_norm_kernel(self) -> Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]:
+        """FusedRMSNorm returns float32 when input and weight dtypes differ (``hpu_ops/backend/rms_norm_gen.cpp``):
+        both go in as the dtype Llama's RMSNorm returns (the wider of the two), so the result matches it."""
+        from habana_frameworks.torch.hpex.normalization import FusedRMSNorm
+
+        def kernel(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+            dtype = torch.promote_types(hidden.dtype, weight.dtype)
+            return FusedRMSNorm.apply(hidden.to(dtype), weight.to(dtype), eps)
+
+        return kernel
+
+    def rotary_kernel(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        """RotaryPosEmbeddingHelperV1: rotate-half (BLOCKWISE) with cos/sin already per position, offset 0
+        (``hpex/kernels/RotaryPosEmbeddingHelper.py``)."""
+        from habana_frameworks.torch.hpex.kernels import RotaryPosEmbeddingHelperV1
+
+        return lambda x, cos, sin: RotaryPosEmbeddingHelperV1.apply(x, cos, sin, 0)
 
     def memory_info(self) -> tuple[int, int]:
         free, total = importlib.import_module("habana_frameworks.torch.hpu").mem_get_info()

@@ -24,6 +24,7 @@ from ..configuration.gaudi_config import GaudiConfig
 from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
 from ..devices.autocast import OpListAutocast
 from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
+from ..features import attention, kernels
 from ..features.compilation import CompilationLog, CompileOptions, compile_regions, pin_loss_function
 from ..features.metrics import Throughput
 from ..features.profiling import GaudiProfilerCallback
@@ -193,6 +194,7 @@ class GaudiTrainerMixin(TrainerShims):
     # ---- graphs -------------------------------------------------------------------------------------
 
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
+        self._use_llm_kernels(self.accelerator.unwrap_model(model, keep_torch_compile=False))
         if self._compile is not None:
             self._prepare_compile(self.accelerator.unwrap_model(model, keep_torch_compile=False))
         model = super()._wrap_model(model, training, dataloader)
@@ -235,6 +237,23 @@ class GaudiTrainerMixin(TrainerShims):
             model.forward = forward
         self._inference_wrapped = None
         self._graph_wrapped.discard((False, id(model)))
+
+    def _use_llm_kernels(self, model: nn.Module) -> None:
+        """The attention implementation and the fused RMSNorm / rotary kernels the arguments and config ask for,
+        set on the model before anything compiles or wraps it (each step is idempotent)."""
+        args, device = self.args, self.gaudi_device
+        if args.attn_implementation is not None:
+            if args.attn_implementation == attention.ATTENTION_NAME:
+                options = attention.FusedAttentionOptions.from_args(args)
+                attention.use_device_kernel(device.attention_kernel(options), options)
+            base = getattr(model, "get_base_model", lambda: model)()  # a PEFT model's transformers model
+            if getattr(base.config, "_attn_implementation", None) != args.attn_implementation:
+                base.set_attn_implementation(args.attn_implementation)
+        kernels.use_device_kernels(
+            model,
+            rms_norm=device.rms_norm_kernel() if self.gaudi_config.use_fused_rms_norm else None,
+            rotary=device.rotary_kernel() if self.gaudi_config.use_fused_rope else None,
+        )
 
     def _prepare_compile(self, model: nn.Module) -> None:
         """Once per model: pin its loss function (no graph break) and, if asked, compile its blocks and loss."""

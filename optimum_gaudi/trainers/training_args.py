@@ -20,6 +20,7 @@ from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
 from ..devices import CPUDevice, Device, detect_device
 from ..devices.hpu import bridge_installed, prepare_bridge
 from ..errors import UserError
+from ..features import attention
 from ..features.compilation import check_compile_flags, compile_choice_problem
 
 logger = logging.getLogger(__name__)
@@ -122,6 +123,29 @@ class GaudiTrainingArgumentsMixin:
         default=False, metadata={"help": "Record tensor shapes in the profiler trace."}
     )
     profiling_with_stack: bool = field(default=False, metadata={"help": "Record Python stacks in the profiler trace."})
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={
+            "help": "Attention implementation the trainer sets on the model: 'gaudi_fused_sdpa' (Gaudi's FusedSDPA; "
+            "transformers' sdpa on CPU/CUDA), or any transformers name ('sdpa', 'eager', ...). Unset: the model's own."
+        },
+    )
+    flash_attention_recompute: bool = field(
+        default=False, metadata={"help": "gaudi_fused_sdpa: recompute attention in the backward (less memory)."}
+    )
+    flash_attention_causal_mask: bool = field(
+        default=False,
+        metadata={
+            "help": "gaudi_fused_sdpa: the kernel's causal mode instead of the padding mask (exact for right padding)."
+        },
+    )
+    flash_attention_fast_softmax: bool = field(
+        default=False, metadata={"help": "gaudi_fused_sdpa: the kernel's fast (lower precision) softmax."}
+    )
+    flash_attention_fp8: bool = field(default=False, metadata={"help": "gaudi_fused_sdpa in fp8 (not supported yet)."})
+    sdp_on_bf16: bool = field(
+        default=False, metadata={"help": "Let torch's math SDPA reduce in bf16/fp16 (torch's process-wide switch)."}
+    )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Start over in an --output_dir that holds checkpoints of another run (they are deleted)."},
@@ -133,6 +157,7 @@ class GaudiTrainingArgumentsMixin:
         if self.torch_compile_mode is not None or self.torch_compile_backend is not None:
             self.torch_compile = True
         self._validate_gaudi_flags()
+        attention.prepare(self)  # before the script loads its model with attn_implementation=...
         _check_standard_flags(self)
         self.gaudi_config = GaudiConfig.from_pretrained(self.gaudi_config_name) if self.gaudi_config_name else None
         self._set_bridge_environment()
@@ -210,6 +235,9 @@ class GaudiTrainingArgumentsMixin:
         if self.cache_size_limit is not None and self.cache_size_limit < 1:
             fail(f"--cache_size_limit must be >= 1 (or unset for torch's default), got {self.cache_size_limit}.")
         problem = compile_choice_problem(self.torch_compile_backend, self.torch_compile_mode)
+        if problem is not None:
+            fail(problem)
+        problem = attention.argument_problem(self)
         if problem is not None:
             fail(problem)
         check_compile_flags(self)

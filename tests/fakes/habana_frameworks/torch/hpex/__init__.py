@@ -1,1 +1,1 @@
-"""TEST DOUBLE of ``habana_frameworks.torch.hpex`` (only ``optimizers.FusedAdamW`` and ``normalization.FusedClipNorm``)."""
+"""TEST DOUBLE of ``habana_frameworks.torch.hpex`` (``optimizers.FusedAdamW``, ``normalization.FusedClipNorm`` and ``FusedRMSNorm``, ``kernels.FusedSDPA`` and the rotary helpers)."""

@@ -1,5 +1,6 @@
-"""TEST DOUBLE of ``habana_frameworks.torch.hpex.normalization``: only FusedClipNorm is simulated."""
+"""TEST DOUBLE of ``habana_frameworks.torch.hpex.normalization``: FusedClipNorm and FusedRMSNorm are simulated."""
 
 from .FusedClipNorm import FusedClipNorm
+from .FusedRMSNorm import FusedRMSNorm
 
-__all__ = ["FusedClipNorm"]
+__all__ = ["FusedClipNorm", "FusedRMSNorm"]

@@ -1,0 +1,125 @@
+"""Gaudi's fused attention as a transformers attention implementation: ``attn_implementation="gaudi_fused_sdpa"``.
+
+Registered in transformers' own ``AttentionInterface`` (and its mask builder in ``AttentionMaskInterface``), so
+every model that dispatches attention through it (Llama, Mistral, Qwen, Gemma, GPT-NeoX, ...) gets the kernel
+with no forked model class, and a saved model keeps its own class and config: transformers never writes the
+implementation's name into ``config.json``.
+
+On a Gaudi the device's kernel is ``hpex.kernels.FusedSDPA`` in the modes the ``--flash_attention_*`` flags name.
+Elsewhere the name means transformers' own ``sdpa`` integration, call for call: losses equal ``sdpa``'s exactly,
+and the Gaudi-only modes change nothing there (said once in the feature table).
+
+The implementation's name and modes are process-wide, as transformers' registry is (optimum-habana keeps them
+in environment variables for the same reason): the trainer sets them from its arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+ATTENTION_NAME = "gaudi_fused_sdpa"
+
+# (query, key, value, mask or None, dropout_p, is_causal, scale) -> [batch, heads, q_len, head_dim]
+AttentionKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any, float, bool, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class FusedAttentionOptions:
+    """optimum-habana's ``--flash_attention_*`` flags, as FusedSDPA reads them."""
+
+    recompute: bool = False  # recompute the attention in the backward instead of keeping it (memory)
+    causal_mask: bool = False  # the kernel's causal mode instead of the padding mask (exact for right padding)
+    fast_softmax: bool = False  # the kernel's fast (lower-precision) softmax
+
+    @classmethod
+    def from_args(cls, args: Any) -> FusedAttentionOptions:
+        return cls(
+            recompute=bool(getattr(args, "flash_attention_recompute", False)),
+            causal_mask=bool(getattr(args, "flash_attention_causal_mask", False)),
+            fast_softmax=bool(getattr(args, "flash_attention_fast_softmax", False)),
+        )
+
+
+_kernel: AttentionKernel | None = None  # None: transformers' sdpa integration
+_options = FusedAttentionOptions()
+
+
+def register() -> None:
+    """Make ``gaudi_fused_sdpa`` a name transformers accepts (``from_pretrained``, ``set_attn_implementation``).
+    Its masks are sdpa's: boolean, and None for a purely causal batch, so the causal kernel mode can run."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, fused_sdpa_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+
+
+_FLAGS = ("flash_attention_recompute", "flash_attention_causal_mask", "flash_attention_fast_softmax")
+
+
+def argument_problem(args: Any) -> str | None:
+    """The attention flags' checks, as optimum-habana makes them, in one line; None when they can run."""
+    given = [f"--{name}" for name in (*_FLAGS, "flash_attention_fp8") if getattr(args, name, False)]
+    if given and args.attn_implementation != ATTENTION_NAME:
+        return f"{', '.join(given)} set the modes of --attn_implementation {ATTENTION_NAME}; add it or drop them."
+    if getattr(args, "flash_attention_fp8", False):
+        return (
+            "--flash_attention_fp8 (FusedSDPA in fp8 through Intel's Gaudi Transformer Engine) is not supported by "
+            "this release; drop it to run gaudi_fused_sdpa in bf16."
+        )
+    return None
+
+
+def prepare(args: Any) -> None:
+    """What must hold before a script builds its model: the name registered, torch's math-SDPA switch set."""
+    if args.attn_implementation == ATTENTION_NAME:
+        register()
+    if getattr(args, "sdp_on_bf16", False):
+        torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)
+
+
+def use_device_kernel(kernel: AttentionKernel | None, options: FusedAttentionOptions) -> None:
+    """What ``gaudi_fused_sdpa`` runs from now on: the device's fused kernel, or None for torch's SDPA."""
+    global _kernel, _options
+    _kernel, _options = kernel, options
+
+
+def current_options() -> FusedAttentionOptions:
+    return _options
+
+
+def fused_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention signature: q [B, H, T, D], k/v [B, Hkv, S, D] (grouped heads not repeated: the
+    fused kernel takes them as they are); returns [B, T, H, D]."""
+    if _kernel is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    q_len, kv_len = query.shape[2], key.shape[2]
+    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    mask = attention_mask
+    if mask is not None and causal and _options.causal_mask and q_len == kv_len:
+        mask = None  # right-padded batches: real tokens never see the pads after them
+    if mask is not None:
+        mask = mask[:, :, :, :kv_len]
+        causal = False  # the mask already holds the causal part (sdpa_mask builds it so)
+    else:
+        causal = causal and q_len > 1 and q_len == kv_len
+    output = _kernel(query, key, value, mask, dropout, causal, scaling)
+    return output.transpose(1, 2).contiguous(), None
