@@ -216,7 +216,6 @@ CASES = [
         id="override-with-pretrained",
     ),  # fmt: skip
     P(lambda w: without(w.base, "--do_train"), "nothing to do", id="nothing-to-do"),
-    P(lambda w: without(w.base, "--model_type", "--config_overrides"), "give --model_name_or_path", id="no-model"),
     P(lambda w: [*w.base, "--block_size", "0"], "--block_size must be >= 1", id="block-size-0"),
     P(
         lambda w: [*w.base, "--block_size", "128"],

@@ -80,3 +80,32 @@ def test_user_errors_are_one_fast_line(env, tmp_path, argv, message):
     assert "Traceback" not in result.stderr
     # no network retries: the offline failure is immediate (a generous bound: CI machines may be loaded)
     assert time.monotonic() - start < 120
+
+
+def test_with_no_model_named_it_trains_a_small_llama_with_gaudi_attention(env, tmp_path):
+    out = tmp_path / "llama"
+    result = run_clm(
+        env, "--do_train", "--use_habana", "--attn_implementation", "gaudi_fused_sdpa", "--bf16",
+        "--max_steps", "2", "--per_device_train_batch_size", "2", "--block_size", "64",
+        "--output_dir", str(out), "--report_to", "none",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
+    assert config["num_key_value_heads"] < config["num_attention_heads"]  # grouped-query attention
+    assert "gaudi" not in json.dumps(config).lower()  # plain transformers (and vLLM) load it
+
+
+def test_lora_on_the_small_llama_with_gaudi_attention(env, tmp_path):
+    base, adapted = tmp_path / "base", tmp_path / "lora"
+    common = ["--do_train", "--max_steps", "1", "--per_device_train_batch_size", "2", "--block_size", "64"]
+    assert run_clm(env, *common, "--output_dir", str(base), "--report_to", "none").returncode == 0
+    run_lora = RUN_CLM.replace("run_clm.py", "run_lora_clm.py")
+    result = subprocess.run(
+        [sys.executable, run_lora, "--model_name_or_path", str(base), *common, "--use_habana", "--bf16",
+         "--attn_implementation", "gaudi_fused_sdpa", "--output_dir", str(adapted), "--report_to", "none"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (adapted / "adapter_model.safetensors").is_file()
+    assert json.loads((adapted / "adapter_config.json").read_text())["base_model_name_or_path"] == str(base)

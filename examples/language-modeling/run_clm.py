@@ -3,7 +3,14 @@
 
 The command line is the one people know from transformers' run_clm.py plus every GaudiTrainingArguments flag,
 so the same command runs on a Gaudi, a GPU or a laptop CPU. With no dataset and no tokenizer it trains on the
-embedded default corpus and tokenizer (optimum_gaudi.data.corpus), so it works offline out of the box:
+embedded default corpus and tokenizer (optimum_gaudi.data.corpus), and with no model it trains a small
+Llama-shaped model from scratch (grouped-query attention, RMSNorm, rotary embedding), so it works offline out
+of the box. Today's Gaudi default path, eager mode + torch.compile:
+
+    python examples/language-modeling/run_clm.py --do_train --do_eval --use_habana --gaudi_config_name llama \
+        --attn_implementation gaudi_fused_sdpa --torch_compile --bf16 --max_steps 20 --output_dir /tmp/clm
+
+Lazy mode (Gaudi software up to 1.20), with GPT-2:
 
     python examples/language-modeling/run_clm.py --model_type gpt2 \
         --config_overrides n_layer=2,n_embd=128,n_head=4 --do_train --do_eval \
@@ -63,6 +70,12 @@ from optimum_gaudi.errors import UserError, exception_chain, one_line, quiet_arg
 logger = logging.getLogger(__name__)
 
 MODEL_TYPES = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+# The model trained when none is named: Llama-shaped (grouped-query attention over 4 x 2 heads), small enough
+# for a laptop CPU; --config_overrides changes any of it (e.g. num_hidden_layers=12,hidden_size=576).
+DEFAULT_MODEL_TYPE = "llama"
+DEFAULT_MODEL_SHAPE = dict(
+    hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2
+)
 DEFAULT_CORPUS_BLOCK_SIZE = 128  # the embedded corpus is small: short blocks give more of them
 _FILE_BUILDERS = {"txt": "text", "json": "json", "jsonl": "json", "csv": "csv"}
 
@@ -376,7 +389,10 @@ def load_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) 
     elif model_args.model_type:
         config = CONFIG_MAPPING[model_args.model_type]()
     else:
-        raise UsageError("give --model_name_or_path (fine-tune), or --model_type or --config_name (from scratch).")
+        logger.info(
+            "No --model_name_or_path or --model_type: training a small %s model from scratch.", DEFAULT_MODEL_TYPE
+        )
+        config = CONFIG_MAPPING[DEFAULT_MODEL_TYPE](**DEFAULT_MODEL_SHAPE)
     if model_args.model_name_or_path:
         return config, set()
     # From scratch: the embedding must cover the tokenizer, and generation must know its special tokens.

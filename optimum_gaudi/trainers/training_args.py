@@ -146,6 +146,10 @@ class GaudiTrainingArgumentsMixin:
     sdp_on_bf16: bool = field(
         default=False, metadata={"help": "Let torch's math SDPA reduce in bf16/fp16 (torch's process-wide switch)."}
     )
+    fp8: bool = field(
+        default=False, metadata={"help": "fp8 training through Intel's Gaudi Transformer Engine (not supported yet)."}
+    )
+    minimize_memory: bool = field(default=False, metadata={"help": "With --fp8: keep fewer fp8 weight copies."})
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Start over in an --output_dir that holds checkpoints of another run (they are deleted)."},
@@ -240,6 +244,12 @@ class GaudiTrainingArgumentsMixin:
         problem = attention.argument_problem(self)
         if problem is not None:
             fail(problem)
+        if self.fp8:
+            fail(
+                "--fp8 (Intel Gaudi Transformer Engine, torchao on CUDA) is not supported by this release; train with --bf16."
+            )
+        if self.minimize_memory:
+            logger.warning("--minimize_memory only acts with --fp8; it is ignored.")
         check_compile_flags(self)
         if self.half_precision_backend != "auto" and not self.bf16:
             logger.warning(
