@@ -39,7 +39,10 @@ _unavailable_reason: str | None = None
 
 
 def bridge_installed() -> bool:
-    return importlib.util.find_spec("habana_frameworks") is not None
+    try:
+        return importlib.util.find_spec("habana_frameworks") is not None
+    except ValueError:  # a module whose __spec__ is None stands in sys.modules
+        return False
 
 
 def bridge_imported() -> bool:
@@ -132,8 +135,19 @@ def hpu_available() -> bool:
                 torch.__version__,
             )
         _unavailable_reason = reason
+        _hide_broken_bridge()
         return False
     return bool(hthpu.is_available())
+
+
+def _hide_broken_bridge() -> None:
+    """Make a bridge that failed to load look absent to everyone else in the process: transformers and
+    accelerate import it again on their own (``set_seed``, RNG state at checkpoints, clearing the device cache)
+    and would raise the same error as a traceback. With None in ``sys.modules`` ``importlib.util.find_spec``
+    answers None and an import raises ImportError, which they read as "no Gaudi"."""
+    for name in [m for m in sys.modules if m == "habana_frameworks" or m.startswith("habana_frameworks.")]:
+        del sys.modules[name]
+    sys.modules["habana_frameworks"] = None
 
 
 def unavailable_reason() -> str | None:
