@@ -180,3 +180,43 @@ def test_generation_config_argument_sets_the_models(tmp_path):
     prediction = trainer.predict(reversal_data(4))
     # generated up to the configured length, not COMMON's 12 nor the default 20 (releases before 5.3 pad one more)
     assert prediction.predictions.shape[1] in (5, 6)
+
+
+class LeftPadCollator:
+    """Left-pads prompts, as a decoder-only model's generation needs; labels right-padded with -100."""
+
+    def __call__(self, rows):
+        width = max(len(r["input_ids"]) for r in rows)
+        ids = [[0] * (width - len(r["input_ids"])) + r["input_ids"] for r in rows]
+        mask = [[0] * (width - len(r["input_ids"])) + [1] * len(r["input_ids"]) for r in rows]
+        labels = [r["labels"] + [-100] * (width - len(r["labels"])) for r in rows]
+        return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor(labels)}
+
+
+def tiny_decoder_only():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64, pad_token_id=0, bos_token_id=2, eos_token_id=1,
+    )  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def test_static_generation_of_a_decoder_only_model_pads_the_prompt_on_the_left(bridge, tmp_path):
+    """Right padding would put pad tokens between a prompt and its continuation (issue 20, defect 10)."""
+    data = [{"input_ids": r["input_ids"], "labels": r["input_ids"]} for r in reversal_data(8)]
+
+    def predict(**kwargs):
+        args = GaudiSeq2SeqTrainingArguments(output_dir=str(tmp_path), **{**COMMON, "max_steps": 1, **kwargs})
+        trainer = GaudiSeq2SeqTrainer(model=tiny_decoder_only(), args=args, data_collator=LeftPadCollator())
+        return trainer, trainer.predict(data, max_new_tokens=4)
+
+    _, cpu = predict(use_cpu=True)
+    trainer, hpu = predict(use_habana=True, use_lazy_mode=True)
+    assert trainer.gaudi_device.static_shapes(True)  # the prompts were padded to a bucket
+    assert hpu.predictions.shape == cpu.predictions.shape
+    assert (hpu.predictions == cpu.predictions).all()
+    left = pad_encoder_inputs({"input_ids": torch.tensor([[5, 6]])}, 0, 4, side="left")
+    assert left["input_ids"].tolist() == [[0, 0, 5, 6]] and left["attention_mask"].tolist() == [[0, 0, 1, 1]]

@@ -1,9 +1,10 @@
 """GaudiSeq2SeqTrainer: the Gaudi mixin on transformers' Seq2SeqTrainer (T5, BART, ... evaluated with generate).
 
 Generation is transformers' own. Where the device compiles a graph per shape (a Gaudi in lazy mode, the
-only place HPU Graphs run too), evaluation keeps generation's shapes fixed: the encoder inputs are padded
-to a multiple of ``STATIC_INPUT_MULTIPLE`` (masked, so the outputs do not change) and the decoder uses a
-fixed-size key/value cache. Elsewhere nothing changes.
+only place HPU Graphs run too), evaluation keeps generation's shapes fixed: the inputs are padded to a
+multiple of ``STATIC_INPUT_MULTIPLE`` (masked, so the outputs do not change; on the right of an encoder's
+inputs, on the left of a decoder-only model's prompt, whose continuation starts at its right end, and cut
+off the generated tokens again) and the decoder uses a fixed-size key/value cache. Elsewhere nothing changes.
 """
 
 from __future__ import annotations
@@ -44,11 +45,34 @@ class GaudiSeq2SeqTrainer(GaudiTrainerMixin, Seq2SeqTrainer):
         **gen_kwargs: Any,
     ):
         generating = self.args.predict_with_generate and not prediction_loss_only
-        if generating and self.gaudi_device.static_shapes(self.args.use_lazy_mode):
-            gen_kwargs = {**(gen_kwargs or getattr(self, "_gen_kwargs", {}))}
-            gen_kwargs.setdefault("cache_implementation", "static")
-            inputs = pad_encoder_inputs(inputs, self._encoder_pad_token_id(), STATIC_INPUT_MULTIPLE)
-        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        if not (generating and self.gaudi_device.static_shapes(self.args.use_lazy_mode)):
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        gen_kwargs = {**(gen_kwargs or getattr(self, "_gen_kwargs", {}))}
+        gen_kwargs.setdefault("cache_implementation", "static")
+        encoder_decoder = bool(getattr(self.model.config, "is_encoder_decoder", False))
+        side = "right" if encoder_decoder else "left"
+        padded = pad_encoder_inputs(inputs, self._encoder_pad_token_id(), STATIC_INPUT_MULTIPLE, side=side)
+        added = padded["input_ids"].shape[1] - inputs["input_ids"].shape[1] if padded is not inputs else 0
+        aligned_labels = not encoder_decoder and _same_shape(inputs.get("labels"), inputs.get("input_ids"))
+        if added and aligned_labels:  # a decoder-only model's labels run along its inputs: padded alike, ignored
+            padded["labels"] = nn.functional.pad(inputs["labels"], (added, 0), value=-100)
+        loss, generated, labels = super().prediction_step(
+            model, padded, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs
+        )
+        if added and not encoder_decoder:  # the output starts with the (padded) prompt: cut what was added
+            generated = self._as_wide_as_unpadded(generated[:, added:]) if generated is not None else None
+            labels = labels[:, added:] if labels is not None and aligned_labels else labels
+        return loss, generated, labels
+
+    def _as_wide_as_unpadded(self, generated: torch.Tensor) -> torch.Tensor:
+        """Seq2SeqTrainer pads generated tokens up to the generation config's length; after cutting the added
+        prompt padding, the same rule gives the width the unpadded batch had."""
+        config = self.model.generation_config
+        if generated.shape[-1] < config.max_length:
+            return self._pad_tensors_to_max_len(generated, config.max_length)
+        if config.max_new_tokens is not None and generated.shape[-1] < config.max_new_tokens + 1:
+            return self._pad_tensors_to_max_len(generated, config.max_new_tokens + 1)
+        return generated
 
     def _encoder_pad_token_id(self) -> int:
         pad = getattr(self.model.config, "pad_token_id", None)
@@ -57,9 +81,13 @@ class GaudiSeq2SeqTrainer(GaudiTrainerMixin, Seq2SeqTrainer):
         return 0 if pad is None else int(pad)  # masked out: any id in the vocabulary will do
 
 
-def pad_encoder_inputs(inputs: dict[str, Any], pad_token_id: int, multiple: int) -> dict[str, Any]:
-    """``input_ids`` and ``attention_mask`` padded on the right to a multiple of ``multiple``; the padding is
-    masked, so the encoder's outputs at the real positions stay the same."""
+def _same_shape(a: Any, b: Any) -> bool:
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+
+
+def pad_encoder_inputs(inputs: dict[str, Any], pad_token_id: int, multiple: int, side: str = "right") -> dict[str, Any]:
+    """``input_ids`` and ``attention_mask`` padded on ``side`` to a multiple of ``multiple``; the padding is
+    masked, so the outputs at the real positions stay the same."""
     input_ids = inputs.get("input_ids")
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         return inputs
@@ -70,7 +98,8 @@ def pad_encoder_inputs(inputs: dict[str, Any], pad_token_id: int, multiple: int)
     mask = inputs.get("attention_mask")
     if mask is None:
         mask = torch.ones_like(input_ids)
+    widths = (0, extra) if side == "right" else (extra, 0)
     padded = dict(inputs)
-    padded["input_ids"] = nn.functional.pad(input_ids, (0, extra), value=pad_token_id)
-    padded["attention_mask"] = nn.functional.pad(mask, (0, extra), value=0)
+    padded["input_ids"] = nn.functional.pad(input_ids, widths, value=pad_token_id)
+    padded["attention_mask"] = nn.functional.pad(mask, widths, value=0)
     return padded
