@@ -163,3 +163,26 @@ def test_unreachable_hub_fails_fast(monkeypatch):
     monkeypatch.setattr(hub, "_endpoint_reachable", lambda: False)
     with pytest.raises(GaudiConfigError, match="cannot be reached"):
         GaudiConfig.from_pretrained("someone/not-bundled")
+
+
+def test_op_list_files_live_in_a_directory_only_this_user_can_write(tmp_path, monkeypatch):
+    """Another user could pre-create a shared directory and choose what this user's runs autocast."""
+    import stat
+    from pathlib import Path
+
+    from optimum_gaudi.configuration.op_lists import op_list_dir, op_list_environment
+    from optimum_gaudi.errors import UserError
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    env = op_list_environment(["linear"], ["softmax"])
+    directory = op_list_dir()
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert all(Path(p).parent == directory for p in env.values())
+    bf16_file = Path(next(iter(env.values())))
+    bf16_file.write_text("softmax\n")  # tampered with: the file is trusted by content, not by name
+    assert Path(op_list_environment(["linear"], ["softmax"])[next(iter(env))]).read_text() == "linear\n"
+    directory.chmod(0o777)
+    with pytest.raises(UserError, match="not a directory only you can write"):
+        op_list_environment(["linear"], ["softmax"])
+    directory.chmod(0o700)

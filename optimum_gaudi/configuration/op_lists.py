@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import UserError
 from .aten_ops import NAMES as _REGISTERED
 
 logger = logging.getLogger(__name__)
@@ -82,14 +83,31 @@ BF16_LIST_ENV = "PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST"
 FP32_LIST_ENV = "PT_HPU_AUTOCAST_FP32_OPS_LIST"
 
 
+def op_list_dir() -> Path:
+    """This user's directory for op-list files, which the bridge reads as its autocast lists: only this user
+    may write it. A shared name in the temp directory could be created first by another user, who would then
+    choose what this user's runs autocast; such a directory is refused in one line."""
+    path = Path(tempfile.gettempdir()) / f"optimum-gaudi-op-lists-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    info = path.lstat()
+    if path.is_symlink() or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise UserError(
+            f"{path} (the op-list files the Habana bridge reads) is not a directory only you can write; "
+            "remove it, or set TMPDIR to a private directory."
+        )
+    return path
+
+
 def _list_file(ops: Sequence[str]) -> str:
-    """A file with one op per line, as the bridge reads it; named by content so runs reuse it."""
+    """A file with one op per line, as the bridge reads it; named by content so runs reuse it, and rewritten
+    when what is there is not that content."""
     text = "".join(f"{op}\n" for op in ops)
-    path = (
-        Path(tempfile.gettempdir()) / "optimum-gaudi-op-lists" / f"{hashlib.sha1(text.encode()).hexdigest()[:16]}.txt"
-    )
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
+    path = op_list_dir() / f"{hashlib.sha1(text.encode()).hexdigest()[:16]}.txt"
+    try:
+        current = path.read_text()
+    except OSError:
+        current = None
+    if current != text:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(text)
         os.replace(tmp, path)

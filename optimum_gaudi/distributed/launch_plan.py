@@ -66,7 +66,8 @@ _MPI_FORWARDED_PREFIXES = ("PT_HPU_", "HABANA_", "HCCL_", "OPTIMUM_GAUDI_", "PYT
 # Run by each process mpirun starts: the Open MPI ranks become the variables torch.distributed and
 # transformers read; the op-list files the bridge reads are written where this node lacks them (the launcher
 # wrote them on its own node, and with 1.21+ the bridge reads them during `import torch`, before any of our
-# code); then the script runs as `python SCRIPT ARGS` would run it.
+# code), in this user's private directory and by content, not trusted by name; then the script runs as
+# `python SCRIPT ARGS` would run it.
 MPI_WORKER = f"""
 import json, os, runpy, sys
 e = os.environ
@@ -76,8 +77,16 @@ for name, ompi in (("RANK", "OMPI_COMM_WORLD_RANK"), ("WORLD_SIZE", "OMPI_COMM_W
     if ompi in e:
         e[name] = e[ompi]
 for path, text in json.loads(e.get("{LIST_FILES_ENV}", "{{}}")).items():
-    if not os.path.isfile(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    info = os.lstat(os.path.dirname(path))
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        sys.exit(f"error: {{os.path.dirname(path)}} is not a directory only you can write; remove it")
+    try:
+        with open(path) as f:
+            current = f.read()
+    except OSError:
+        current = None
+    if current != text:
         with open(f"{{path}}.{{os.getpid()}}.tmp", "w") as f:
             f.write(text)
         os.replace(f"{{path}}.{{os.getpid()}}.tmp", path)
