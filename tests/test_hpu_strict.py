@@ -356,11 +356,14 @@ def test_fused_clip_norm_clips_a_parameter_frozen_when_it_was_built(bridge):
 
 @pytest.mark.parametrize("dynamic", [True, False])
 def test_dynamic_shapes_follow_the_config(bridge, tmp_path, tiny_gpt2, dynamic, monkeypatch):
-    monkeypatch.setenv("PT_HPU_ENABLE_REFINE_DYNAMIC_SHAPES", "0" if dynamic else "1")  # the bridge's other default
+    monkeypatch.delenv(
+        "PT_HPU_ENABLE_REFINE_DYNAMIC_SHAPES", raising=False
+    )  # exported, it decides (test_hpu_user_settings)
     GaudiTrainer(model=tiny_gpt2(), args=hpu_args(tmp_path), gaudi_config=GaudiConfig(use_dynamic_shapes=dynamic))
     import habana_frameworks.torch.hpu as hthpu
 
     assert hthpu.get_dynamic_shape_status() is dynamic
+    assert bridge().calls_named("hpu.enable_dynamic_shape" if dynamic else "hpu.disable_dynamic_shape")
 
 
 # ---- 11. peak memory is the run's, not the process's ---------------------------------------------------------

@@ -34,6 +34,7 @@ from .base import GB, Device, unaliased_outputs
 logger = logging.getLogger(__name__)
 
 LAZY_ENV = "PT_HPU_LAZY_MODE"
+DYNAMIC_SHAPES_ENV = "PT_HPU_ENABLE_REFINE_DYNAMIC_SHAPES"
 _LAUNCH_HINT = "run the script through `optimum-gaudi launch SCRIPT ARGS` (also for one process), which sets it"
 _unavailable_reason: str | None = None
 
@@ -199,6 +200,16 @@ class HPUDevice(Device):
         importlib.import_module("habana_frameworks.torch.core").mark_step()
 
     def set_dynamic_shapes(self, enabled: bool) -> None:
+        """The config's switch, unless the user exported the bridge's own variable: the bridge starts from it
+        (``backend/helpers/dynamic_shape_info.cpp``), and an exported value is the user's explicit choice."""
+        exported = os.environ.get(DYNAMIC_SHAPES_ENV)
+        if exported is not None:
+            if (exported == "1") != enabled:
+                _warn_once(
+                    f"{DYNAMIC_SHAPES_ENV}={exported} is exported: it decides dynamic shapes, not the Gaudi "
+                    f"config's use_dynamic_shapes={str(enabled).lower()}; unset it to follow the config."
+                )
+            return
         hthpu = importlib.import_module("habana_frameworks.torch.hpu")
         (hthpu.enable_dynamic_shape if enabled else hthpu.disable_dynamic_shape)()
 
