@@ -36,3 +36,11 @@ def test_without_the_variable_the_config_decides(tmp_path, tiny_gpt2, bridge, mo
     monkeypatch.delenv("PT_HPU_ENABLE_REFINE_DYNAMIC_SHAPES", raising=False)
     build(tmp_path, tiny_gpt2, GaudiConfig(use_dynamic_shapes=True))
     assert bridge().calls_named("hpu.enable_dynamic_shape")
+
+
+def test_a_compile_mode_hpu_backend_ignores_is_said(tmp_path, bridge, caplog):
+    with caplog.at_level(logging.WARNING):
+        GaudiTrainingArguments(
+            output_dir=str(tmp_path), use_habana=True, torch_compile_mode="max-autotune", report_to=[]
+        )
+    assert any("takes no mode" in r.getMessage() and "max-autotune" in r.getMessage() for r in caplog.records)

@@ -186,6 +186,13 @@ class HPUDevice(Device):
     def argument_problem(self, args: Any) -> str | None:
         if (args.use_hpu_graphs_for_training or args.use_hpu_graphs_for_inference) and not args.use_lazy_mode:
             return "HPU Graphs need lazy mode on a Gaudi; add --use_lazy_mode."
+        if args.torch_compile_mode is not None and args.torch_compile_backend in (None, self.compile_backend):
+            logger.warning(
+                "--torch_compile_mode %s: the Gaudi's %s takes no mode (torch hands it only to inductor); it is "
+                "ignored here.",
+                args.torch_compile_mode,
+                self.compile_backend,
+            )
         return None
 
     def is_lazy(self) -> bool:
