@@ -65,7 +65,9 @@ def _run_clm_args(opts: argparse.Namespace) -> list[str]:
         *(["--overwrite_output_dir"] if overwrite else []),
         *("--model_type", "gpt2", "--config_overrides", overrides, "--block_size", str(BLOCK_SIZE)),
         *("--do_train", "--do_eval", "--output_dir", opts.output_dir, "--seed", str(opts.seed)),
-        *("--use_habana", "--use_lazy_mode", "--gaudi_config_name", "Habana/gpt2", "--throughput_warmup_steps", "5"),
+        # eager mode, the default of Gaudi software 1.21+ (lazy mode there needs PT_HPU_LAZY_MODE=1 before Python
+        # starts, which `make demo` cannot set for the user)
+        *("--use_habana", "--gaudi_config_name", "Habana/gpt2", "--throughput_warmup_steps", "5"),
         *("--max_steps", str(opts.max_steps), "--per_device_train_batch_size", "16"),
         *("--per_device_eval_batch_size", "32", "--learning_rate", "3e-3", "--warmup_steps", "30"),
         *("--lr_scheduler_type", "cosine", "--weight_decay", "0.01"),
