@@ -27,6 +27,7 @@ from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadca
 from ..features import attention, kernels
 from ..features.compilation import CompilationLog, CompileOptions, compile_regions, pin_loss_function
 from ..features.metrics import Throughput
+from ..features.op_list_check import check_op_lists
 from ..features.profiling import GaudiProfilerCallback
 from ..features.static_batches import StaticRows
 from ..features.table import feature_table
@@ -389,6 +390,7 @@ class GaudiTrainerMixin(TrainerShims):
         elif self.args.overwrite_output_dir and self.args.should_save:
             remove_previous_checkpoints(self.args.output_dir)
         with self._loop_context():
+            check_op_lists(self.model, self._autocast)  # op lists that mix dtypes in one op: one line, before step 1
             return super().train(checkpoint, *args, **kwargs)
 
     def _get_output_dir(self, trial: Any) -> str:
