@@ -29,7 +29,7 @@ from ..configuration.op_lists import (
     HABANA_DEFAULT_FP32_OPS,
     op_list_environment,
 )
-from .base import GB, Device, unaliased_outputs
+from .base import GB, Device, private_inputs, unaliased_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -240,8 +240,10 @@ class HPUDevice(Device):
     def wrap_for_inference(
         self, model: torch.nn.Module, disable_tensor_cache: bool, max_graphs: int | None = None
     ) -> torch.nn.Module:
-        """wrap_in_hpu_graph returns the same output tensors at every replay (``hpu/graphs.py``): cloned
-        without grad, as predictions kept across batches need."""
+        """wrap_in_hpu_graph keeps the tensors its capture call was given and copies every replay's inputs into
+        them, and returns the same output tensors at every replay (``hpu/graphs.py``). The evaluation loop keeps
+        each batch's labels and inputs (for compute_metrics) and predictions by reference, so the graph gets
+        private copies of its inputs, and its outputs are cloned without grad."""
         hthpu = self._graphs_or_warn("wrap_in_hpu_graph")
         if hthpu is None:
             return model
@@ -250,6 +252,10 @@ class HPUDevice(Device):
 
         @functools.wraps(graphed)  # keeps the signature the Trainer reads to select input columns
         def forward(*args: Any, **kwargs: Any) -> Any:
+            cache_tensors = kwargs.pop("cache_tensors_list", None)  # the bridge writes into these: keep them
+            args, kwargs = private_inputs((args, kwargs))
+            if cache_tensors is not None:
+                kwargs["cache_tensors_list"] = cache_tensors
             return unaliased_outputs(graphed(*args, **kwargs))
 
         model.forward = forward

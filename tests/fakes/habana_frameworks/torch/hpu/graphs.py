@@ -9,7 +9,9 @@ Follows ``hpu/graphs.py``:
   that key replays: it copies the new inputs into the tensors given at capture and returns the outputs of
   the capture, refreshed in place. Here a replay re-runs the forward without autograd and copies the
   results into those static output tensors, which carry no autograd history: nothing flows back through a
-  replay. Past ``max_graphs`` keys (default: no limit) new keys run the plain forward.
+  replay. Past ``max_graphs`` keys (default: no limit) new keys run the plain forward. With
+  ``disable_tensor_cache=True`` the bridge copies only into the capture inputs the graph did not match as
+  user inputs (``get_user_input_match_indices``, decided in C++); here into all of them, the worst case.
 - ``ModuleCacher(max_graphs=10)(model, ...)`` asserts that ``model.forward`` takes no positional-only
   or ``*args`` parameter, patches ``model.forward`` and caches one graph per input key for training
   forwards (module in training mode, grad enabled, lazy mode), at most ``max_graphs``; other forwards run

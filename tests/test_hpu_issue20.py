@@ -1,0 +1,90 @@
+"""The HPU path against the simulator (tests/fakes, a test double): one test per defect of issue 20 handled here
+(graphs, launch, requirements, op names).
+
+Each defect was found by reading the real bridge (HabanaAI/gaudi-pytorch-bridge 1.19.0) or accelerate; the
+simulator models the behaviour involved, and each test failed before its fix.
+"""
+
+import numpy as np
+import pytest
+import torch
+from test_seq2seq import PadCollator, tiny_t5
+from transformers import GPT2Config, GPT2ForSequenceClassification
+
+from optimum_gaudi import GaudiSeq2SeqTrainer, GaudiSeq2SeqTrainingArguments, GaudiTrainer, GaudiTrainingArguments
+from optimum_gaudi.trainers.seq2seq import STATIC_INPUT_MULTIPLE
+
+GRAPH_FORWARD = "hpu.wrap_in_hpu_graph.forward"  # the simulator's record of each graph-wrapped forward
+
+
+def hpu_args(tmp_path, args_class=GaudiTrainingArguments, **kwargs):
+    defaults = dict(output_dir=str(tmp_path), use_habana=True, max_steps=2, logging_steps=1, report_to=[])
+    defaults.update(save_strategy="no", per_device_train_batch_size=4, per_device_eval_batch_size=4)
+    return args_class(**{**defaults, **kwargs})
+
+
+# ---- 1. an inference graph's replay copies each batch into the tensors of its capture call -------------------
+
+
+def tiny_classifier():
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=60, n_layer=1, n_embd=16, n_head=2, n_positions=8, num_labels=3, pad_token_id=0)
+    return GPT2ForSequenceClassification(config)
+
+
+def kept_for_metrics(trainer_class, args, model, data, **kwargs):
+    """The labels and inputs compute_metrics saw, and the metrics it returned."""
+    per_batch = []
+
+    def compute_metrics(prediction):
+        labels, inputs = np.asarray(prediction.label_ids), np.asarray(prediction.inputs)
+        per_batch.append((labels.copy(), inputs.copy()))
+        return {"label_sum": float(labels.sum()), "input_sum": float(inputs.sum())}
+
+    trainer = trainer_class(model=model, args=args, compute_metrics=compute_metrics, **kwargs)
+    metrics = trainer.evaluate(data)
+    return per_batch, metrics
+
+
+def test_evaluation_metrics_with_inference_graphs_equal_those_without(bridge, tmp_path):
+    """transformers keeps a batch's labels and inputs by reference for compute_metrics; a replay wrote the next
+    batch into them (batch 0's labels read as batch 1's)."""
+    rows = [{"input_ids": [i % 50 + 1] * 8, "labels": i // 4 % 3} for i in range(12)]  # 3 same-shape batches
+
+    def evaluate(graphs):
+        args = hpu_args(
+            tmp_path / str(graphs), use_lazy_mode=True, use_hpu_graphs_for_inference=graphs,
+            include_for_metrics=["inputs"],
+        )  # fmt: skip
+        return kept_for_metrics(GaudiTrainer, args, tiny_classifier(), rows)
+
+    (plain, plain_metrics), (graphed, graphed_metrics) = evaluate(False), evaluate(True)
+    assert len(bridge().calls_named(GRAPH_FORWARD, mode="replay")) == 2
+    for (labels, inputs), (graphed_labels, graphed_inputs) in zip(plain, graphed, strict=True):
+        assert labels.tolist() == graphed_labels.tolist() and inputs.tolist() == graphed_inputs.tolist()
+    assert graphed_metrics["eval_label_sum"] == plain_metrics["eval_label_sum"]
+    assert graphed_metrics["eval_input_sum"] == plain_metrics["eval_input_sum"]
+    assert graphed_metrics["eval_loss"] == pytest.approx(plain_metrics["eval_loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("generate", [False, True])
+def test_seq2seq_labels_with_inference_graphs_equal_those_without(bridge, tmp_path, generate):
+    """The Seq2Seq loss forward replays too, labels among its inputs (generating, labels as long as
+    generation_max_length are kept unpadded, by reference; inputs of a bucket's length are not padded)."""
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(4, 40, (STATIC_INPUT_MULTIPLE,), generator=g).tolist()} for _ in range(12)]
+    rows = [{**r, "labels": r["input_ids"][:8]} for r in rows]  # 3 batches of one shape
+
+    def evaluate(graphs):
+        args = hpu_args(
+            tmp_path / str(graphs), GaudiSeq2SeqTrainingArguments, use_lazy_mode=True,
+            use_hpu_graphs_for_inference=graphs, include_for_metrics=["inputs"], predict_with_generate=generate,
+            generation_max_length=8,
+        )  # fmt: skip
+        return kept_for_metrics(GaudiSeq2SeqTrainer, args, tiny_t5(), rows, data_collator=PadCollator(0))
+
+    (plain, plain_metrics), (graphed, graphed_metrics) = evaluate(False), evaluate(True)
+    assert bridge().calls_named(GRAPH_FORWARD, mode="replay")
+    (labels, inputs), (graphed_labels, graphed_inputs) = plain[-1], graphed[-1]
+    assert graphed_labels.tolist() == labels.tolist() and graphed_inputs.tolist() == inputs.tolist()
+    assert graphed_metrics["eval_loss"] == pytest.approx(plain_metrics["eval_loss"], abs=1e-6)
