@@ -88,3 +88,62 @@ def test_seq2seq_labels_with_inference_graphs_equal_those_without(bridge, tmp_pa
     (labels, inputs), (graphed_labels, graphed_inputs) = plain[-1], graphed[-1]
     assert graphed_labels.tolist() == labels.tolist() and graphed_inputs.tolist() == inputs.tolist()
     assert graphed_metrics["eval_loss"] == pytest.approx(plain_metrics["eval_loss"], abs=1e-6)
+
+
+# ---- 2. --bf16 with training graphs: accelerate's mixed precision rebinds ModuleCacher's forward -------------
+
+
+def autocast_seen(model):
+    """Whether each forward of ``model`` ran under HPU autocast (a hook on its first block)."""
+    seen = []
+    model.transformer.h[0].register_forward_hook(lambda *_: seen.append(torch.is_autocast_enabled("hpu")))
+    return seen
+
+
+@pytest.mark.parametrize("gaudi_config_name", [None, "t5"])  # no autocasting config: accelerate's bf16
+def test_bf16_with_training_graphs_trains_under_hpu_autocast(
+    bridge, tmp_path, tiny_gpt2, tiny_lm_data, monkeypatch, gaudi_config_name
+):
+    """accelerate's mixed precision did ``MethodType(model.forward.__func__, model)``, binding ModuleCacher's
+    forward to the model: an AttributeError at the first step. The trainer enters the HPU autocast instead."""
+    monkeypatch.setattr("transformers.training_args.is_torch_bf16_gpu_available", lambda: True)  # a Gaudi's answer
+    args = hpu_args(
+        tmp_path, use_lazy_mode=True, use_hpu_graphs_for_training=True, bf16=True, gaudi_config_name=gaudi_config_name
+    )
+    model = tiny_gpt2()
+    seen = autocast_seen(model)
+    trainer = GaudiTrainer(model=model, args=args, train_dataset=tiny_lm_data)
+    trainer.train()
+    assert trainer.accelerator.mixed_precision == "no"
+    assert bridge().calls_named("hpu.ModuleCacher.forward", cached=True) and seen and all(seen)
+
+
+def test_bf16_with_training_graphs_and_fast_ddp_runs_the_graph_under_hpu_autocast(
+    bridge, tmp_path, tiny_gpt2, tiny_lm_data, monkeypatch
+):
+    """fast_ddp prepares the model with accelerate too (placement, and its mixed precision before the fix)."""
+    from optimum_gaudi.distributed import fast_ddp
+
+    monkeypatch.setattr("transformers.training_args.is_torch_bf16_gpu_available", lambda: True)
+    monkeypatch.setattr(GaudiTrainer, "_use_fast_ddp", lambda self: True)
+    monkeypatch.setattr(fast_ddp.FusedGradientAllReduce, "__init__", lambda self, params, dtype=None: None)
+    monkeypatch.setattr("optimum_gaudi.trainers.trainer.broadcast_parameters", lambda model: None)
+    args = hpu_args(
+        tmp_path, use_lazy_mode=True, use_hpu_graphs_for_training=True, bf16=True, distribution_strategy="fast_ddp"
+    )
+    model = tiny_gpt2()
+    seen = autocast_seen(model)
+    trainer = GaudiTrainer(model=model, args=args, train_dataset=tiny_lm_data)
+    wrapped = trainer._wrap_model(trainer.model, training=True)
+    assert isinstance(wrapped, fast_ddp.FastDDPModel)
+    batch = {"input_ids": torch.tensor([tiny_lm_data[0]["input_ids"]])}
+    with trainer.compute_loss_context_manager():
+        wrapped(**batch, labels=batch["input_ids"]).loss.backward()
+    assert bridge().calls_named("hpu.ModuleCacher.forward", cached=True) and seen == [True]
+
+
+def test_fp16_with_training_graphs_is_one_line(bridge, tmp_path):
+    from optimum_gaudi import GaudiArgumentError
+
+    with pytest.raises(GaudiArgumentError, match="use --bf16, not --fp16"):
+        hpu_args(tmp_path, use_lazy_mode=True, use_hpu_graphs_for_training=True, fp16=True)

@@ -39,6 +39,10 @@ class Device:
     behaviour: ClassVar[dict[str, str]]
 
     on_host: ClassVar[bool] = False  # the model trains in host memory (transformers' --use_cpu)
+    # wrap_for_training patches the model's forward with a method bound to another object (the bridge's
+    # ModuleCacher). accelerate's mixed precision rebinds ``model.forward.__func__`` to the model, which breaks
+    # such a forward: the trainer then keeps accelerate's mixed precision off and enters the autocast itself.
+    training_graph_forward_bound_elsewhere: ClassVar[bool] = False
 
     def count(self) -> int:
         return 1

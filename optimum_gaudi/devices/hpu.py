@@ -168,6 +168,8 @@ class HPUDevice(Device):
     def argument_problem(self, args: Any) -> str | None:
         if (args.use_hpu_graphs_for_training or args.use_hpu_graphs_for_inference) and not args.use_lazy_mode:
             return "HPU Graphs need lazy mode on a Gaudi; add --use_lazy_mode."
+        if args.use_hpu_graphs_for_training and args.fp16:  # accelerate's fp16 would rebind ModuleCacher's forward
+            return "--use_hpu_graphs_for_training takes bf16 mixed precision only on a Gaudi; use --bf16, not --fp16."
         return None
 
     def is_lazy(self) -> bool:
@@ -218,6 +220,9 @@ class HPUDevice(Device):
         return lambda: torch.autocast(device_type="hpu", dtype=torch.bfloat16)
 
     # ---- graphs: the bridge exports its graph API in lazy mode only (hpu/__init__.py) ------------------------
+
+    # ModuleCacher sets model.forward to its own bound method, which reads the cacher's state (hpu/graphs.py)
+    training_graph_forward_bound_elsewhere = True
 
     def _graphs_or_warn(self, what: str) -> Any | None:
         if self.is_lazy():
