@@ -5,6 +5,8 @@ Each defect was found by reading the real bridge (HabanaAI/gaudi-pytorch-bridge 
 simulator models the behaviour involved, and each test failed before its fix.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -147,3 +149,62 @@ def test_fp16_with_training_graphs_is_one_line(bridge, tmp_path):
 
     with pytest.raises(GaudiArgumentError, match="use --bf16, not --fp16"):
         hpu_args(tmp_path, use_lazy_mode=True, use_hpu_graphs_for_training=True, fp16=True)
+
+
+# ---- 3. the launcher sets PT_HPU_LAZY_MODE only from what the user asked for -----------------------------------
+
+
+def test_launch_environment_leaves_lazy_mode_to_the_user(bridge, tmp_path):
+    from optimum_gaudi.configuration.op_lists import BF16_LIST_ENV, launch_environment
+
+    assert "PT_HPU_LAZY_MODE" not in launch_environment(["--output_dir", "out"], environ={})  # not forced to "0"
+    assert launch_environment(["--use_lazy_mode"], environ={})["PT_HPU_LAZY_MODE"] == "1"
+    assert launch_environment(["--use_lazy_mode", "false"], environ={})["PT_HPU_LAZY_MODE"] == "0"
+    assert "PT_HPU_LAZY_MODE" not in launch_environment([], environ={"PT_HPU_LAZY_MODE": "1"})  # exported: kept
+    arguments = tmp_path / "args.json"  # HfArgumentParser.parse_json_file scripts take one .json argument
+    arguments.write_text('{"output_dir": "out", "use_lazy_mode": true, "gaudi_config_name": "gpt2"}')
+    env = launch_environment([str(arguments)], environ={})
+    assert env["PT_HPU_LAZY_MODE"] == "1" and BF16_LIST_ENV in env
+    with pytest.raises(ValueError, match="PT_HPU_LAZY_MODE=0 is exported"):
+        launch_environment([str(arguments)], environ={"PT_HPU_LAZY_MODE": "0"})
+
+
+def test_launch_refuses_an_exported_lazy_mode_the_arguments_contradict(bridge, tmp_path, monkeypatch, capsys):
+    from optimum_gaudi.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    assert main(["launch", "--dry_run", str(script), "--use_lazy_mode"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: PT_HPU_LAZY_MODE=0 is exported")
+
+
+LAZY_IN_CODE = """
+import json, sys
+from optimum_gaudi import GaudiTrainingArguments
+args = GaudiTrainingArguments(output_dir=sys.argv[1], use_habana=True, use_lazy_mode=True, report_to=[])
+from habana_frameworks.torch.utils.internal import is_lazy
+print(json.dumps({"device": args.gaudi_device.type, "lazy": is_lazy()}))
+"""
+
+
+def test_launch_lets_the_script_set_lazy_mode_in_code_on_gaudi_software_1_19(tmp_path):
+    """1.18-1.20: the launcher exported PT_HPU_LAZY_MODE=0 without --use_lazy_mode on the command line, which
+    also turns autoload on: the bridge loaded in eager mode at `import torch`, and the script's lazy mode failed."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import FAKES
+
+    script = tmp_path / "lazy_in_code.py"
+    script.write_text(LAZY_IN_CODE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "WORLD_SIZE", "RANK"))}
+    repo = str(Path(__file__).resolve().parent.parent)  # this checkout's optimum_gaudi, in the launched script too
+    env.update(PYTHONPATH=os.pathsep.join([FAKES, repo]), OMP_NUM_THREADS="1", FAKE_HPU_SOFTWARE="1.19")
+    command = [sys.executable, "-m", "optimum_gaudi", "launch", str(script), str(tmp_path / "out")]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"device": "hpu", "lazy": True}
