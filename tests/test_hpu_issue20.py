@@ -208,3 +208,22 @@ def test_launch_lets_the_script_set_lazy_mode_in_code_on_gaudi_software_1_19(tmp
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {"device": "hpu", "lazy": True}
+
+
+# ---- 5. the accelerate floor: the first release transformers runs a Gaudi with ----------------------------------
+
+
+def test_setup_requires_the_accelerate_release_transformers_needs_for_a_gaudi():
+    """Below it transformers' is_torch_hpu_available() answers False (HPU support came in accelerate 1.5.0):
+    the model stays on the CPU while the bridge runs."""
+    import inspect
+    import re
+
+    from packaging.version import Version
+    from transformers.utils import import_utils
+
+    source = inspect.getsource(import_utils.is_torch_hpu_available)
+    needed = re.search(r'torch_hpu_min_accelerate_version = "([\d.]+)"', source).group(1)
+    setup = (Path(__file__).resolve().parent.parent / "setup.py").read_text()
+    floor = re.search(r'"accelerate>=([\d.]+)"', setup).group(1)
+    assert Version(floor) >= Version(needed)
