@@ -227,3 +227,45 @@ def test_setup_requires_the_accelerate_release_transformers_needs_for_a_gaudi():
     setup = (Path(__file__).resolve().parent.parent / "setup.py").read_text()
     floor = re.search(r'"accelerate>=([\d.]+)"', setup).group(1)
     assert Version(floor) >= Version(needed)
+
+
+# ---- 9. op names: the running torch's aten ops, not a code-generator fixture of an older torch --------------
+
+
+def test_op_names_of_the_running_torch_are_accepted_and_a_typo_is_not(caplog, monkeypatch):
+    """rms_norm (aten since torch 2.4) was reported as casting nothing on any device; it is an aten op the
+    bridge of a torch that has it registers for autocast (``scripts/gen_op.py``), and CPU and CUDA cast it too."""
+    import logging
+
+    from optimum_gaudi.configuration import op_lists
+
+    monkeypatch.setattr(op_lists, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        op_lists.resolve_op_lists(["rms_norm", "scaled_dot_product_attention", "linear"], ["softmax"])
+    assert not [r for r in caplog.records if "Autocast op" in r.getMessage()]
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        op_lists.resolve_op_lists(["rms_nrom"], None)
+    (warning,) = [r.getMessage() for r in caplog.records if "rms_nrom" in r.getMessage()]
+    assert "did you mean 'rms_norm'?" in warning
+    assert {"truediv", "cross_entropy_loss"} <= op_lists.KNOWN_OPS  # Habana's default lists stay valid
+    assert not {"add_", "mm_out", "cudnn_convolution", "native_layer_norm_backward"} & op_lists.KNOWN_OPS
+
+
+def test_the_launcher_checks_no_op_name_and_imports_no_torch(bridge):
+    """The vocabulary comes from torch: the launcher, which exports a config's lists, must not import it (with
+    Gaudi software 1.21+ that would load the bridge in the launcher)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import FAKES
+
+    code = (
+        "import sys; from optimum_gaudi.configuration.op_lists import launch_environment; "
+        "assert launch_environment(['--gaudi_config_name', 'gpt2']); print('torch' in sys.modules)"
+    )
+    repo = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([FAKES, repo])}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "False"
