@@ -16,7 +16,9 @@ setup(
         # torch is not pinned: a Gaudi machine's own build must be kept (Makefile installs a CPU build first elsewhere)
         "torch>=2.1",
         "transformers>=4.57.1",  # tested: make test-compat (no upper pin: none seen failing)
-        "accelerate>=1.2",
+        # 1.5 added Gaudi support (is_hpu_available, DistributedType.MULTI_HPU, HPU_BACKEND; accelerate PR #3378):
+        # below it transformers' is_torch_hpu_available() answers False, and the model stays on the CPU
+        "accelerate>=1.5",
         "datasets>=3.0",
         "tokenizers>=0.20",
     ],

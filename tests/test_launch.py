@@ -238,6 +238,7 @@ def test_mpirun_forwards_the_bridge_variables_to_the_other_nodes(tmp_path, monke
     monkeypatch.syspath_prepend(FAKES)  # a bridge is installed here: its variables must reach every node
     hosts = hostfile(tmp_path, "gaudi-a slots=8", "gaudi-b slots=8")
     flags = ["--use_mpi", "--hostfile", hosts, "--world_size", "8", str(ALLREDUCE), "--gaudi_config_name", "gpt2"]
+    flags.append("--use_lazy_mode")  # the launcher sets PT_HPU_LAZY_MODE only when the arguments ask for a mode
     assert main(["launch", "--dry_run", *flags]) == 0
     words = shlex.split(capsys.readouterr().out)
     exported = dict(word.split("=", 1) for word in words[: words.index(str(tmp_path / "bin" / "mpirun"))])

@@ -175,6 +175,32 @@ def test_module_cacher_caches_at_most_max_graphs_training_shapes(bridge, monkeyp
     assert model.weight.grad is not None
 
 
+def test_module_cacher_forward_fails_rebound_to_the_model(bridge, monkeypatch):
+    """ModuleCacher patches ``model.forward`` with its own bound method, whose body starts with
+    ``self.iteration_cnt += 1`` (hpu/graphs.py): rebound to the model, as accelerate's mixed precision rebinds
+    ``model.forward.__func__``, it fails."""
+    import types
+
+    ht = lazy_bridge(monkeypatch)
+    model = ht.hpu.ModuleCacher()(model=torch.nn.Linear(3, 2), inplace=True)
+    assert model.forward.__self__ is not model
+    model.forward = types.MethodType(model.forward.__func__, model)
+    with pytest.raises(AttributeError, match="iteration_cnt"):
+        model(torch.randn(1, 3))
+
+
+def test_graph_keys_hold_the_hpu_autocast_state(bridge, monkeypatch):
+    """input_hash hashes ``torch.hpu.is_autocast_hpu_enabled()`` with each input (hpu/graphs.py)."""
+    ht = lazy_bridge(monkeypatch)
+    model = ht.hpu.wrap_in_hpu_graph(torch.nn.Linear(3, 2))
+    with torch.no_grad():
+        model(torch.randn(1, 3))
+        with torch.autocast("hpu", dtype=torch.bfloat16):
+            model(torch.randn(1, 3))
+    modes = [c.kwargs["mode"] for c in bridge().calls_named("hpu.wrap_in_hpu_graph.forward")]
+    assert modes == ["capture", "capture"]
+
+
 def test_module_cacher_capture_fails_on_an_unused_parameter_unless_allowed(bridge, monkeypatch):
     ht = lazy_bridge(monkeypatch)
     for allowed in (False, True):

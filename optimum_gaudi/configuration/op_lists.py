@@ -10,6 +10,7 @@ every device: the bridge on a Gaudi, the op-list autocast on CPU and CUDA.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
 import logging
@@ -19,7 +20,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import UserError
-from .aten_ops import NAMES as _REGISTERED
 
 logger = logging.getLogger(__name__)
 
@@ -38,36 +38,86 @@ HABANA_DEFAULT_FP32_OPS: tuple[str, ...] = tuple(
     "rsqrt sinh smooth_l1_loss soft_margin_loss softplus tan topk triplet_margin_loss truediv true_divide".split()
 )
 
-# Every name an op list may use: the ops the bridge registers for autocast, and the default lists' names.
-KNOWN_OPS: frozenset[str] = frozenset(_REGISTERED.split()) | set(HABANA_DEFAULT_BF16_OPS) | set(HABANA_DEFAULT_FP32_OPS)
+# What the bridge's code generator leaves out of the aten functions it registers for HPU autocast, besides in-place
+# (``name_``), out= (``name_out``), CUDA / cuDNN and backward functions: HabanaAI/gaudi-pytorch-bridge
+# ``scripts/gen_op.py``, ``generate_autocast_ops`` (release 1.19.0), its blocklist.
+_GENERATOR_BLOCKLIST = frozenset(
+    "_cummax_helper _cummin_helper fused_moving_avg_obs_fake_quant _fused_moving_avg_obs_fq_helper "
+    "_native_batch_norm_legit sym_numel sym_storage_offset _scaled_dot_product_flash_attention "
+    "_efficient_attention_forward _batch_norm_with_update _scaled_dot_product_fused_attention_overrideable".split()
+)
+
+
+def _generator_skips(name: str) -> bool:
+    return (
+        name.endswith(("_out", "_"))
+        or any(part in name for part in ("cuda", "cudn", "backward"))
+        or name in _GENERATOR_BLOCKLIST
+    )
+
+
+@functools.cache
+def known_ops() -> frozenset[str] | None:
+    """Every name an op list may use: the aten functions of the running torch that the bridge registers for
+    autocast, and the names of Habana's default lists. The bridge's generator registers the functions of the
+    torch it is built for, which is the torch it runs with (it asserts the version when it loads); CPU and CUDA
+    cast any aten op of this torch. None when this torch cannot list its ops (then no name is questioned).
+
+    Computed on first use: the launcher checks op lists without importing torch."""
+    import torch
+
+    list_ops = getattr(torch._C, "_dispatch_get_all_op_names", None)
+    if list_ops is None:
+        return None
+    functions = {op.split("::", 1)[1].split(".", 1)[0] for op in list_ops() if op.startswith("aten::")}
+    registered = {name for name in functions if not _generator_skips(name)}
+    return frozenset(registered | set(HABANA_DEFAULT_BF16_OPS) | set(HABANA_DEFAULT_FP32_OPS))
+
+
+def __getattr__(name: str):
+    if name == "KNOWN_OPS":  # the vocabulary, as a constant for readers; built from torch on first access
+        return known_ops() or frozenset()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _warned: set[str] = set()
 
 
 def closest_op(name: str) -> str | None:
     """The known op name nearest to `name` (for "did you mean"), or None when nothing is close."""
-    close = difflib.get_close_matches(name, KNOWN_OPS, n=1, cutoff=0.6)
+    close = difflib.get_close_matches(name, known_ops() or (), n=1, cutoff=0.6)
     return close[0] if close else None
 
 
 def _warn_unknown(ops: Sequence[str]) -> None:
-    for name in ops:
-        if name in KNOWN_OPS or name in _warned:
+    unchecked = [name for name in ops if name not in _warned]
+    if not unchecked:
+        return
+    known = known_ops()
+    if known is None:
+        return
+    for name in unchecked:
+        if name in known:
             continue
         _warned.add(name)
         close = closest_op(name)
-        hint = f"did you mean '{close}'?" if close else "see optimum_gaudi.op_lists.KNOWN_OPS"
+        hint = f"did you mean '{close}'?" if close else "see optimum_gaudi.configuration.op_lists.known_ops()"
         logger.warning(
-            "Autocast op '%s' is not an aten op Habana's bridge autocasts, so it casts nothing on any device; %s",
+            "Autocast op '%s' is neither an aten op of this torch nor in Habana's default lists, so it casts nothing "
+            "on any device; %s",
             name,
             hint,
         )
 
 
-def resolve_op_lists(bf16_ops: Sequence[str] | None, fp32_ops: Sequence[str] | None) -> tuple[list[str], list[str]]:
+def resolve_op_lists(
+    bf16_ops: Sequence[str] | None, fp32_ops: Sequence[str] | None, check_names: bool = True
+) -> tuple[list[str], list[str]]:
     """The (bf16, fp32) lists a config means: a list left out (None) is Habana's default list without the
-    ops of the other list. Unknown names are kept (they are harmless) and warned about once per process."""
-    _warn_unknown([*(bf16_ops or ()), *(fp32_ops or ())])
+    ops of the other list. Unknown names are kept (they are harmless) and, with ``check_names``, warned about
+    once per process (checking imports torch)."""
+    if check_names:
+        _warn_unknown([*(bf16_ops or ()), *(fp32_ops or ())])
     bf16 = list(bf16_ops) if bf16_ops is not None else None
     fp32 = list(fp32_ops) if fp32_ops is not None else None
     if bf16 is None:
@@ -130,30 +180,75 @@ def config_uses_op_lists(config) -> bool:
     )
 
 
-def launch_environment(script_args: Sequence[str]) -> dict[str, str]:
+LAZY_MODE_ENV = "PT_HPU_LAZY_MODE"
+_TRUE = ("true", "1", "yes", "y", "t")
+
+
+def script_gaudi_arguments(script_args: Sequence[str]) -> tuple[bool | None, str | None]:
+    """``use_lazy_mode`` and ``gaudi_config_name`` as a script started with ``script_args`` will read them: its
+    flags, or a single JSON arguments file (scripts call ``HfArgumentParser.parse_json_file`` when given one
+    ``.json`` argument). None for a setting they leave out; a file that cannot be read is left to the script."""
+    import argparse
+
+    if len(script_args) == 1 and script_args[0].endswith(".json"):
+        try:
+            values = json.loads(Path(script_args[0]).read_text())
+        except (OSError, ValueError):
+            return None, None
+        if not isinstance(values, dict):
+            return None, None
+        lazy, name = values.get("use_lazy_mode"), values.get("gaudi_config_name")
+    else:
+        parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+        parser.add_argument("--gaudi_config_name")
+        parser.add_argument("--use_lazy_mode", nargs="?", const="true")
+        known, _ = parser.parse_known_args(list(script_args))
+        lazy, name = known.use_lazy_mode, known.gaudi_config_name
+    if lazy is not None and not isinstance(lazy, bool):
+        lazy = str(lazy).strip().lower() in _TRUE
+    return lazy, name if isinstance(name, str) and name else None
+
+
+def launch_environment(script_args: Sequence[str], environ: dict[str, str] | None = None) -> dict[str, str]:
     """What the bridge must find in the environment of a training script started with `script_args`, set
     before Python starts (Gaudi software 1.21+ loads the bridge during `import torch`): PT_HPU_LAZY_MODE from
-    ``--use_lazy_mode``, and the op lists of ``--gaudi_config_name`` when its autocast uses them. Empty when
-    no bridge is installed. A config that cannot load is left to the script, which reports it."""
-    import argparse
+    ``use_lazy_mode`` (a flag, or a JSON arguments file), and the op lists of ``gaudi_config_name`` when its
+    autocast uses them. Empty when no bridge is installed. A config that cannot load is left to the script,
+    which reports it. Raises ValueError when an exported PT_HPU_LAZY_MODE contradicts the arguments."""
     import importlib.util
 
     if importlib.util.find_spec("habana_frameworks") is None:
         return {}
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--gaudi_config_name")
-    parser.add_argument("--use_lazy_mode", nargs="?", const="true", default="false")
-    known, _ = parser.parse_known_args(list(script_args))
-    env = {"PT_HPU_LAZY_MODE": "1" if known.use_lazy_mode.strip().lower() in ("true", "1", "yes", "y", "t") else "0"}
-    if known.gaudi_config_name:
+    environ = os.environ if environ is None else environ
+    lazy, config_name = script_gaudi_arguments(script_args)
+    env: dict[str, str] = {}
+    exported = environ.get(LAZY_MODE_ENV)
+    if exported is not None:
+        # The user's own value stays: the bridge reads it as lazy unless "0" (``utils/internal.py``). One that
+        # contradicts the arguments would only fail later, in every process.
+        if lazy is not None and (exported != "0") != lazy:
+            mode = "lazy" if exported != "0" else "eager"
+            raise ValueError(
+                f"{LAZY_MODE_ENV}={exported} is exported ({mode} mode) but the script's arguments set use_lazy_mode "
+                f"to {lazy}: unset {LAZY_MODE_ENV}, or make it and the arguments agree."
+            )
+    elif lazy is not None:
+        env[LAZY_MODE_ENV] = "1" if lazy else "0"
+    # Neither exported nor in the arguments (code may set use_lazy_mode, or parse its arguments otherwise): left
+    # unset, not forced to "0". Unset, Gaudi software 1.21+ loads the bridge in eager mode during `import torch`,
+    # as "0" would; 1.18-1.20 do not load it until the script's own training arguments have set the mode, where
+    # "0" would have turned autoload on and loaded it in eager mode before any code of the script ran.
+    if config_name:
         from .gaudi_config import GaudiConfig, GaudiConfigError
 
         try:
-            config = GaudiConfig.from_pretrained(known.gaudi_config_name)
+            config = GaudiConfig.from_pretrained(config_name)
         except GaudiConfigError:
             return env
         if config_uses_op_lists(config):
-            lists = op_list_environment(*resolve_op_lists(config.autocast_bf16_ops, config.autocast_fp32_ops))
+            # names unchecked: the script checks them, and here that would import torch (on 1.21+, the bridge too)
+            resolved = resolve_op_lists(config.autocast_bf16_ops, config.autocast_fp32_ops, check_names=False)
+            lists = op_list_environment(*resolved)
             env.update(lists)
             env[LIST_FILES_ENV] = json.dumps({path: Path(path).read_text() for path in lists.values()})
     return env

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
@@ -41,6 +42,10 @@ class Device:
     behaviour: ClassVar[dict[str, str]]
 
     on_host: ClassVar[bool] = False  # the model trains in host memory (transformers' --use_cpu)
+    # wrap_for_training patches the model's forward with a method bound to another object (the bridge's
+    # ModuleCacher). accelerate's mixed precision rebinds ``model.forward.__func__`` to the model, which breaks
+    # such a forward: the trainer then keeps accelerate's mixed precision off and enters the autocast itself.
+    training_graph_forward_bound_elsewhere: ClassVar[bool] = False
 
     def count(self) -> int:
         return 1
@@ -176,6 +181,28 @@ def unaliased_outputs(outputs: Any) -> Any:
     if torch.is_grad_enabled():
         return outputs
     return tree_map_only(torch.Tensor, torch.clone, outputs)
+
+
+def private_inputs(inputs: Any) -> Any:
+    """``inputs`` with a fresh copy of each tensor a replay would write into: those in dicts, lists and tuples,
+    the structures the bridge's ``copy_to`` walks (``hpu/graphs.py``); anything else (a generation cache) is
+    passed as it is.
+
+    A graph wrapper keeps the tensors of its capture call as the graph's inputs and copies each later call's
+    inputs into them. Given the caller's own tensors, the evaluation loop's kept labels and inputs of the first
+    batch would be overwritten by every later one; given copies, only the graph owns them.
+    """
+    if isinstance(inputs, torch.Tensor):
+        return inputs.clone()
+    if isinstance(inputs, dict):
+        copied = copy.copy(inputs)  # keeps the class (the bridge asserts a replay's types are the capture's)
+        for key in inputs:
+            copied[key] = private_inputs(inputs[key])
+        return copied
+    if isinstance(inputs, (list, tuple)) and not isinstance(inputs, torch.Size):
+        items = [private_inputs(item) for item in inputs]
+        return type(inputs)(*items) if hasattr(inputs, "_fields") else type(inputs)(items)
+    return inputs
 
 
 def _copy_into(static: Any, fresh: Any) -> None:

@@ -29,7 +29,7 @@ from ..configuration.op_lists import (
     HABANA_DEFAULT_FP32_OPS,
     op_list_environment,
 )
-from .base import GB, Device, unaliased_outputs
+from .base import GB, Device, private_inputs, unaliased_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -186,6 +186,8 @@ class HPUDevice(Device):
     def argument_problem(self, args: Any) -> str | None:
         if (args.use_hpu_graphs_for_training or args.use_hpu_graphs_for_inference) and not args.use_lazy_mode:
             return "HPU Graphs need lazy mode on a Gaudi; add --use_lazy_mode."
+        if args.use_hpu_graphs_for_training and args.fp16:  # accelerate's fp16 would rebind ModuleCacher's forward
+            return "--use_hpu_graphs_for_training takes bf16 mixed precision only on a Gaudi; use --bf16, not --fp16."
         if args.torch_compile_mode is not None and args.torch_compile_backend in (None, self.compile_backend):
             logger.warning(
                 "--torch_compile_mode %s: the Gaudi's %s takes no mode (torch hands it only to inductor); it is "
@@ -254,6 +256,9 @@ class HPUDevice(Device):
 
     # ---- graphs: the bridge exports its graph API in lazy mode only (hpu/__init__.py) ------------------------
 
+    # ModuleCacher sets model.forward to its own bound method, which reads the cacher's state (hpu/graphs.py)
+    training_graph_forward_bound_elsewhere = True
+
     def _graphs_or_warn(self, what: str) -> Any | None:
         if self.is_lazy():
             return importlib.import_module("habana_frameworks.torch.hpu")
@@ -275,8 +280,10 @@ class HPUDevice(Device):
     def wrap_for_inference(
         self, model: torch.nn.Module, disable_tensor_cache: bool, max_graphs: int | None = None
     ) -> torch.nn.Module:
-        """wrap_in_hpu_graph returns the same output tensors at every replay (``hpu/graphs.py``): cloned
-        without grad, as predictions kept across batches need."""
+        """wrap_in_hpu_graph keeps the tensors its capture call was given and copies every replay's inputs into
+        them, and returns the same output tensors at every replay (``hpu/graphs.py``). The evaluation loop keeps
+        each batch's labels and inputs (for compute_metrics) and predictions by reference, so the graph gets
+        private copies of its inputs, and its outputs are cloned without grad."""
         hthpu = self._graphs_or_warn("wrap_in_hpu_graph")
         if hthpu is None:
             return model
@@ -285,6 +292,10 @@ class HPUDevice(Device):
 
         @functools.wraps(graphed)  # keeps the signature the Trainer reads to select input columns
         def forward(*args: Any, **kwargs: Any) -> Any:
+            cache_tensors = kwargs.pop("cache_tensors_list", None)  # the bridge writes into these: keep them
+            args, kwargs = private_inputs((args, kwargs))
+            if cache_tensors is not None:
+                kwargs["cache_tensors_list"] = cache_tensors
             return unaliased_outputs(graphed(*args, **kwargs))
 
         model.forward = forward

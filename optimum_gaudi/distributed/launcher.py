@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 from .launch_plan import (
+    LaunchError,
     LaunchPlan,
     build_command,
     check_port_free,
@@ -274,7 +275,10 @@ def launch(args: argparse.Namespace) -> int:
     from ..configuration.op_lists import launch_environment
 
     plan = resolve(args)
-    bridge_env = launch_environment(plan.script_args)  # read by the Gaudi bridge when it loads, before our code
+    try:
+        bridge_env = launch_environment(plan.script_args)  # read by the Gaudi bridge when it loads, before our code
+    except ValueError as e:  # an exported PT_HPU_LAZY_MODE against the script's arguments
+        raise LaunchError(str(e)) from e
     command = build_command(plan, environ={**os.environ, **bridge_env})  # mpirun forwards them to other nodes
     if args.dry_run:
         print(shlex.join([*(f"{k}={v}" for k, v in bridge_env.items()), *command]))

@@ -169,13 +169,17 @@ class GaudiTrainerMixin(TrainerShims):
         lists on every device.
 
         Plain ``--bf16`` without a config that autocasts is left to accelerate, exactly as transformers.Trainer
-        does it.
+        does it, except around a training graph whose forward accelerate cannot rebind (see
+        ``Device.training_graph_forward_bound_elsewhere``): there the trainer enters the same autocast
+        accelerate would, torch's own for the device.
         """
         config = self.gaudi_config
-        if not (config.use_torch_autocast or (args.bf16 and config_uses_op_lists(config))):
-            return None
-        bf16_ops, fp32_ops = resolve_op_lists(config.autocast_bf16_ops, config.autocast_fp32_ops)
-        return args.autocast_device.autocast_factory(bf16_ops, fp32_ops)
+        if config.use_torch_autocast or (args.bf16 and config_uses_op_lists(config)):
+            bf16_ops, fp32_ops = resolve_op_lists(config.autocast_bf16_ops, config.autocast_fp32_ops)
+            return args.autocast_device.autocast_factory(bf16_ops, fp32_ops)
+        if args.bf16 and args.use_hpu_graphs_for_training and self.gaudi_device.training_graph_forward_bound_elsewhere:
+            return args.autocast_device.autocast_factory()
+        return None
 
     def _select_static_rows(self, args: GaudiTrainingArguments) -> StaticRows | None:
         """Pad short batches only where the device compiles a graph per input shape."""

@@ -3,6 +3,7 @@
 #
 # usage: tests/compat/run.sh [VERSION ...]     (default: the oldest supported release and the newest)
 #        CORE_TESTS=tests/test_trl.py tests/compat/run.sh trl==1.0.0   (another package, pinned)
+#        tests/compat/run.sh accelerate==1.5.0                          (setup.py's accelerate floor)
 #
 # torch and the other dependencies are installed once, in .venv-compat/base; each release's venv sees
 # them through a .pth file and installs only transformers and what that release pins differently

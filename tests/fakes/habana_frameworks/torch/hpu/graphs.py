@@ -9,11 +9,16 @@ Follows ``hpu/graphs.py``:
   that key replays: it copies the new inputs into the tensors given at capture and returns the outputs of
   the capture, refreshed in place. Here a replay re-runs the forward without autograd and copies the
   results into those static output tensors, which carry no autograd history: nothing flows back through a
-  replay. Past ``max_graphs`` keys (default: no limit) new keys run the plain forward.
+  replay. Past ``max_graphs`` keys (default: no limit) new keys run the plain forward. With
+  ``disable_tensor_cache=True`` the bridge copies only into the capture inputs the graph did not match as
+  user inputs (``get_user_input_match_indices``, decided in C++); here into all of them, the worst case.
 - ``ModuleCacher(max_graphs=10)(model, ...)`` asserts that ``model.forward`` takes no positional-only
   or ``*args`` parameter, patches ``model.forward`` and caches one graph per input key for training
   forwards (module in training mode, grad enabled, lazy mode), at most ``max_graphs``; other forwards run
-  the plain forward. A cached forward here runs the model's own forward, so gradients are exact (the
+  the plain forward. The patched ``model.forward`` is the cacher's bound method, whose body starts with
+  ``self.iteration_cnt += 1``: its function rebound to the model (accelerate's mixed precision does
+  ``MethodType(model.forward.__func__, model)``) fails with an AttributeError on the model, as the real
+  one does. A cached forward here runs the model's own forward, so gradients are exact (the
   static-output aliasing of the real training graphs is not simulated). Capturing a DistributedDataParallel
   model fails as in the real ``GraphModel``. A capture also captures the backward, from every output that
   requires grad to every input and parameter that does, with ``allow_unused=allow_unused_input`` (default
@@ -69,9 +74,10 @@ def _view_hash(tensor):
 
 
 def _input_key(obj):
-    """The real ``input_hash``: tensor shape and view hash (not the dtype), plain values, autocast state;
-    a UserDict (BatchEncoding) by its keys and the identity of its tensors' rows."""
-    autocast = torch.is_autocast_enabled("cpu")
+    """The real ``input_hash``: tensor shape and view hash (not the dtype), plain values, the HPU autocast
+    state (``torch.hpu.is_autocast_hpu_enabled()``); a UserDict (BatchEncoding) by its keys and the identity
+    of its tensors' rows."""
+    autocast = torch.is_autocast_enabled("hpu")
     if isinstance(obj, dict):
         return _input_key(tuple(obj.items()))
     if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
@@ -269,6 +275,7 @@ class ModuleCacher(torch.nn.Module):
         super().__init__()
         self.max_graphs = max_graphs
         self.graph_keys = []
+        self.iteration_cnt = -1
         self.use_lazy_mode = __import__("os").environ.get("PT_HPU_LAZY_MODE", "1") == "1"
         _hf.record("hpu.ModuleCacher", max_graphs=max_graphs)
 
@@ -319,6 +326,7 @@ class ModuleCacher(torch.nn.Module):
         return full
 
     def forward(self, *args, **kwargs):
+        self.iteration_cnt += 1  # the real forward's first statement: fails on any other object
         full = self._full_args(args, kwargs)
         key = _input_key(full)
         use_cache = self.model.training and torch.is_grad_enabled() and self.use_lazy_mode

@@ -1,0 +1,271 @@
+"""The HPU path against the simulator (tests/fakes, a test double): one test per defect of issue 20 handled here
+(graphs, launch, requirements, op names).
+
+Each defect was found by reading the real bridge (HabanaAI/gaudi-pytorch-bridge 1.19.0) or accelerate; the
+simulator models the behaviour involved, and each test failed before its fix.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_seq2seq import PadCollator, tiny_t5
+from transformers import GPT2Config, GPT2ForSequenceClassification
+
+from optimum_gaudi import GaudiSeq2SeqTrainer, GaudiSeq2SeqTrainingArguments, GaudiTrainer, GaudiTrainingArguments
+from optimum_gaudi.trainers.seq2seq import STATIC_INPUT_MULTIPLE
+
+GRAPH_FORWARD = "hpu.wrap_in_hpu_graph.forward"  # the simulator's record of each graph-wrapped forward
+
+
+def hpu_args(tmp_path, args_class=GaudiTrainingArguments, **kwargs):
+    defaults = dict(output_dir=str(tmp_path), use_habana=True, max_steps=2, logging_steps=1, report_to=[])
+    defaults.update(save_strategy="no", per_device_train_batch_size=4, per_device_eval_batch_size=4)
+    return args_class(**{**defaults, **kwargs})
+
+
+# ---- 1. an inference graph's replay copies each batch into the tensors of its capture call -------------------
+
+
+def tiny_classifier():
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=60, n_layer=1, n_embd=16, n_head=2, n_positions=8, num_labels=3, pad_token_id=0)
+    return GPT2ForSequenceClassification(config)
+
+
+def kept_for_metrics(trainer_class, args, model, data, **kwargs):
+    """The labels and inputs compute_metrics saw, and the metrics it returned."""
+    per_batch = []
+
+    def compute_metrics(prediction):
+        labels, inputs = np.asarray(prediction.label_ids), np.asarray(prediction.inputs)
+        per_batch.append((labels.copy(), inputs.copy()))
+        return {"label_sum": float(labels.sum()), "input_sum": float(inputs.sum())}
+
+    trainer = trainer_class(model=model, args=args, compute_metrics=compute_metrics, **kwargs)
+    metrics = trainer.evaluate(data)
+    return per_batch, metrics
+
+
+def test_evaluation_metrics_with_inference_graphs_equal_those_without(bridge, tmp_path):
+    """transformers keeps a batch's labels and inputs by reference for compute_metrics; a replay wrote the next
+    batch into them (batch 0's labels read as batch 1's)."""
+    rows = [{"input_ids": [i % 50 + 1] * 8, "labels": i // 4 % 3} for i in range(12)]  # 3 same-shape batches
+
+    def evaluate(graphs):
+        args = hpu_args(
+            tmp_path / str(graphs), use_lazy_mode=True, use_hpu_graphs_for_inference=graphs,
+            include_for_metrics=["inputs"],
+        )  # fmt: skip
+        return kept_for_metrics(GaudiTrainer, args, tiny_classifier(), rows)
+
+    (plain, plain_metrics), (graphed, graphed_metrics) = evaluate(False), evaluate(True)
+    assert len(bridge().calls_named(GRAPH_FORWARD, mode="replay")) == 2
+    for (labels, inputs), (graphed_labels, graphed_inputs) in zip(plain, graphed, strict=True):
+        assert labels.tolist() == graphed_labels.tolist() and inputs.tolist() == graphed_inputs.tolist()
+    assert graphed_metrics["eval_label_sum"] == plain_metrics["eval_label_sum"]
+    assert graphed_metrics["eval_input_sum"] == plain_metrics["eval_input_sum"]
+    assert graphed_metrics["eval_loss"] == pytest.approx(plain_metrics["eval_loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("generate", [False, True])
+def test_seq2seq_labels_with_inference_graphs_equal_those_without(bridge, tmp_path, generate):
+    """The Seq2Seq loss forward replays too, labels among its inputs (generating, labels as long as
+    generation_max_length are kept unpadded, by reference; inputs of a bucket's length are not padded)."""
+    g = torch.Generator().manual_seed(0)
+    rows = [{"input_ids": torch.randint(4, 40, (STATIC_INPUT_MULTIPLE,), generator=g).tolist()} for _ in range(12)]
+    rows = [{**r, "labels": r["input_ids"][:8]} for r in rows]  # 3 batches of one shape
+
+    def evaluate(graphs):
+        args = hpu_args(
+            tmp_path / str(graphs), GaudiSeq2SeqTrainingArguments, use_lazy_mode=True,
+            use_hpu_graphs_for_inference=graphs, include_for_metrics=["inputs"], predict_with_generate=generate,
+            generation_max_length=8,
+        )  # fmt: skip
+        return kept_for_metrics(GaudiSeq2SeqTrainer, args, tiny_t5(), rows, data_collator=PadCollator(0))
+
+    (plain, plain_metrics), (graphed, graphed_metrics) = evaluate(False), evaluate(True)
+    assert bridge().calls_named(GRAPH_FORWARD, mode="replay")
+    (labels, inputs), (graphed_labels, graphed_inputs) = plain[-1], graphed[-1]
+    assert graphed_labels.tolist() == labels.tolist() and graphed_inputs.tolist() == inputs.tolist()
+    assert graphed_metrics["eval_loss"] == pytest.approx(plain_metrics["eval_loss"], abs=1e-6)
+
+
+# ---- 2. --bf16 with training graphs: accelerate's mixed precision rebinds ModuleCacher's forward -------------
+
+
+def autocast_seen(model):
+    """Whether each forward of ``model`` ran under HPU autocast (a hook on its first block)."""
+    seen = []
+    model.transformer.h[0].register_forward_hook(lambda *_: seen.append(torch.is_autocast_enabled("hpu")))
+    return seen
+
+
+@pytest.mark.parametrize("gaudi_config_name", [None, "t5"])  # no autocasting config: accelerate's bf16
+def test_bf16_with_training_graphs_trains_under_hpu_autocast(
+    bridge, tmp_path, tiny_gpt2, tiny_lm_data, monkeypatch, gaudi_config_name
+):
+    """accelerate's mixed precision did ``MethodType(model.forward.__func__, model)``, binding ModuleCacher's
+    forward to the model: an AttributeError at the first step. The trainer enters the HPU autocast instead."""
+    monkeypatch.setattr("transformers.training_args.is_torch_bf16_gpu_available", lambda: True)  # a Gaudi's answer
+    args = hpu_args(
+        tmp_path, use_lazy_mode=True, use_hpu_graphs_for_training=True, bf16=True, gaudi_config_name=gaudi_config_name
+    )
+    model = tiny_gpt2()
+    seen = autocast_seen(model)
+    trainer = GaudiTrainer(model=model, args=args, train_dataset=tiny_lm_data)
+    trainer.train()
+    assert trainer.accelerator.mixed_precision == "no"
+    assert bridge().calls_named("hpu.ModuleCacher.forward", cached=True) and seen and all(seen)
+
+
+def test_bf16_with_training_graphs_and_fast_ddp_runs_the_graph_under_hpu_autocast(
+    bridge, tmp_path, tiny_gpt2, tiny_lm_data, monkeypatch
+):
+    """fast_ddp prepares the model with accelerate too (placement, and its mixed precision before the fix)."""
+    from optimum_gaudi.distributed import fast_ddp
+
+    monkeypatch.setattr("transformers.training_args.is_torch_bf16_gpu_available", lambda: True)
+    monkeypatch.setattr(GaudiTrainer, "_use_fast_ddp", lambda self: True)
+    monkeypatch.setattr(fast_ddp.FusedGradientAllReduce, "__init__", lambda self, params, dtype=None: None)
+    monkeypatch.setattr("optimum_gaudi.trainers.trainer.broadcast_parameters", lambda model: None)
+    args = hpu_args(
+        tmp_path, use_lazy_mode=True, use_hpu_graphs_for_training=True, bf16=True, distribution_strategy="fast_ddp"
+    )
+    model = tiny_gpt2()
+    seen = autocast_seen(model)
+    trainer = GaudiTrainer(model=model, args=args, train_dataset=tiny_lm_data)
+    wrapped = trainer._wrap_model(trainer.model, training=True)
+    assert isinstance(wrapped, fast_ddp.FastDDPModel)
+    batch = {"input_ids": torch.tensor([tiny_lm_data[0]["input_ids"]])}
+    with trainer.compute_loss_context_manager():
+        wrapped(**batch, labels=batch["input_ids"]).loss.backward()
+    assert bridge().calls_named("hpu.ModuleCacher.forward", cached=True) and seen == [True]
+
+
+def test_fp16_with_training_graphs_is_one_line(bridge, tmp_path):
+    from optimum_gaudi import GaudiArgumentError
+
+    with pytest.raises(GaudiArgumentError, match="use --bf16, not --fp16"):
+        hpu_args(tmp_path, use_lazy_mode=True, use_hpu_graphs_for_training=True, fp16=True)
+
+
+# ---- 3. the launcher sets PT_HPU_LAZY_MODE only from what the user asked for -----------------------------------
+
+
+def test_launch_environment_leaves_lazy_mode_to_the_user(bridge, tmp_path):
+    from optimum_gaudi.configuration.op_lists import BF16_LIST_ENV, launch_environment
+
+    assert "PT_HPU_LAZY_MODE" not in launch_environment(["--output_dir", "out"], environ={})  # not forced to "0"
+    assert launch_environment(["--use_lazy_mode"], environ={})["PT_HPU_LAZY_MODE"] == "1"
+    assert launch_environment(["--use_lazy_mode", "false"], environ={})["PT_HPU_LAZY_MODE"] == "0"
+    assert "PT_HPU_LAZY_MODE" not in launch_environment([], environ={"PT_HPU_LAZY_MODE": "1"})  # exported: kept
+    arguments = tmp_path / "args.json"  # HfArgumentParser.parse_json_file scripts take one .json argument
+    arguments.write_text('{"output_dir": "out", "use_lazy_mode": true, "gaudi_config_name": "gpt2"}')
+    env = launch_environment([str(arguments)], environ={})
+    assert env["PT_HPU_LAZY_MODE"] == "1" and BF16_LIST_ENV in env
+    with pytest.raises(ValueError, match="PT_HPU_LAZY_MODE=0 is exported"):
+        launch_environment([str(arguments)], environ={"PT_HPU_LAZY_MODE": "0"})
+
+
+def test_launch_refuses_an_exported_lazy_mode_the_arguments_contradict(bridge, tmp_path, monkeypatch, capsys):
+    from optimum_gaudi.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    assert main(["launch", "--dry_run", str(script), "--use_lazy_mode"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: PT_HPU_LAZY_MODE=0 is exported")
+
+
+LAZY_IN_CODE = """
+import json, sys
+from optimum_gaudi import GaudiTrainingArguments
+args = GaudiTrainingArguments(output_dir=sys.argv[1], use_habana=True, use_lazy_mode=True, report_to=[])
+from habana_frameworks.torch.utils.internal import is_lazy
+print(json.dumps({"device": args.gaudi_device.type, "lazy": is_lazy()}))
+"""
+
+
+def test_launch_lets_the_script_set_lazy_mode_in_code_on_gaudi_software_1_19(tmp_path):
+    """1.18-1.20: the launcher exported PT_HPU_LAZY_MODE=0 without --use_lazy_mode on the command line, which
+    also turns autoload on: the bridge loaded in eager mode at `import torch`, and the script's lazy mode failed."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import FAKES
+
+    script = tmp_path / "lazy_in_code.py"
+    script.write_text(LAZY_IN_CODE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "WORLD_SIZE", "RANK"))}
+    repo = str(Path(__file__).resolve().parent.parent)  # this checkout's optimum_gaudi, in the launched script too
+    env.update(PYTHONPATH=os.pathsep.join([FAKES, repo]), OMP_NUM_THREADS="1", FAKE_HPU_SOFTWARE="1.19")
+    command = [sys.executable, "-m", "optimum_gaudi", "launch", str(script), str(tmp_path / "out")]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"device": "hpu", "lazy": True}
+
+
+# ---- 5. the accelerate floor: the first release transformers runs a Gaudi with ----------------------------------
+
+
+def test_setup_requires_the_accelerate_release_transformers_needs_for_a_gaudi():
+    """Below it transformers' is_torch_hpu_available() answers False (HPU support came in accelerate 1.5.0):
+    the model stays on the CPU while the bridge runs."""
+    import inspect
+    import re
+
+    from packaging.version import Version
+    from transformers.utils import import_utils
+
+    source = inspect.getsource(import_utils.is_torch_hpu_available)
+    needed = re.search(r'torch_hpu_min_accelerate_version = "([\d.]+)"', source).group(1)
+    setup = (Path(__file__).resolve().parent.parent / "setup.py").read_text()
+    floor = re.search(r'"accelerate>=([\d.]+)"', setup).group(1)
+    assert Version(floor) >= Version(needed)
+
+
+# ---- 9. op names: the running torch's aten ops, not a code-generator fixture of an older torch --------------
+
+
+def test_op_names_of_the_running_torch_are_accepted_and_a_typo_is_not(caplog, monkeypatch):
+    """rms_norm (aten since torch 2.4) was reported as casting nothing on any device; it is an aten op the
+    bridge of a torch that has it registers for autocast (``scripts/gen_op.py``), and CPU and CUDA cast it too."""
+    import logging
+
+    from optimum_gaudi.configuration import op_lists
+
+    monkeypatch.setattr(op_lists, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        op_lists.resolve_op_lists(["rms_norm", "scaled_dot_product_attention", "linear"], ["softmax"])
+    assert not [r for r in caplog.records if "Autocast op" in r.getMessage()]
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        op_lists.resolve_op_lists(["rms_nrom"], None)
+    (warning,) = [r.getMessage() for r in caplog.records if "rms_nrom" in r.getMessage()]
+    assert "did you mean 'rms_norm'?" in warning
+    assert {"truediv", "cross_entropy_loss"} <= op_lists.KNOWN_OPS  # Habana's default lists stay valid
+    assert not {"add_", "mm_out", "cudnn_convolution", "native_layer_norm_backward"} & op_lists.KNOWN_OPS
+
+
+def test_the_launcher_checks_no_op_name_and_imports_no_torch(bridge):
+    """The vocabulary comes from torch: the launcher, which exports a config's lists, must not import it (with
+    Gaudi software 1.21+ that would load the bridge in the launcher)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import FAKES
+
+    code = (
+        "import sys; from optimum_gaudi.configuration.op_lists import launch_environment; "
+        "assert launch_environment(['--gaudi_config_name', 'gpt2']); print('torch' in sys.modules)"
+    )
+    repo = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([FAKES, repo])}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "False"
