@@ -599,3 +599,28 @@ class OutputDirGuard(TrainerCallback):
         if not self._existed:
             with contextlib.suppress(OSError):
                 self.output_dir.rmdir()
+
+
+# weights_only's unpickler itself could be bypassed up to this torch release (CVE-2026-24747; docs/security.md)
+LAST_UNSAFE_WEIGHTS_ONLY_TORCH = (2, 9, 1)
+_PICKLED_STATE = ("optimizer.pt", "scheduler.pt", "scaler.pt", "pytorch_model.bin")
+
+
+def warn_if_pickles_are_unsafe_here(checkpoint: str | os.PathLike) -> None:
+    """One warning when this checkpoint's pickles will be loaded by a torch whose ``weights_only`` loader is known
+    to be bypassable: a checkpoint from someone else could run code here."""
+    import torch
+
+    release = tuple(int(part) for part in re.findall(r"\d+", torch.__version__.split("+")[0])[:3])
+    if release > LAST_UNSAFE_WEIGHTS_ONLY_TORCH:
+        return
+    directory = Path(checkpoint)
+    pickles = sorted(p.name for p in directory.iterdir() if p.name in _PICKLED_STATE or p.name.startswith("rng_state"))
+    if pickles:
+        logger.warning(
+            "Resuming from %s loads pickles (%s) with torch %s, whose weights_only loader can be bypassed "
+            "(CVE-2026-24747, fixed after torch 2.9.1): resume only from checkpoints you trust, or upgrade torch.",
+            directory,
+            ", ".join(pickles),
+            torch.__version__,
+        )

@@ -3,6 +3,7 @@ carries a payload that would create a file if anything executed it."""
 
 from __future__ import annotations
 
+import logging
 import pickle
 import shutil
 from pathlib import Path
@@ -58,3 +59,17 @@ def test_training_args_bin_is_read_without_running_anything(tmp_path, tiny_gpt2,
     resume(checkpoint, tmp_path, tiny_gpt2, tiny_lm_data)  # transformers itself never loads it on resume
     assert not marker.exists()
     shutil.rmtree(tmp_path / "resumed")
+
+
+@pytest.mark.parametrize(("version", "warned"), [("2.9.1+hpu", True), ("2.9.2", False), ("2.13.0+cpu", False)])
+def test_resuming_pickles_on_a_torch_with_a_bypassable_loader_is_said(
+    version, warned, tmp_path, tiny_gpt2, tiny_lm_data, monkeypatch, caplog
+):
+    checkpoint = trained_checkpoint(tmp_path, tiny_gpt2, tiny_lm_data)
+    monkeypatch.setattr(torch, "__version__", version)
+    with caplog.at_level(logging.WARNING):
+        resume(checkpoint, tmp_path, tiny_gpt2, tiny_lm_data)
+    said = [r.getMessage() for r in caplog.records if "CVE-2026-24747" in r.getMessage()]
+    assert len(said) == (1 if warned else 0)
+    if warned:
+        assert "optimizer.pt" in said[0] and "rng_state.pth" in said[0]

@@ -19,7 +19,13 @@ from torch import nn
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_pt_utils import find_batch_size
 
-from ..checkpoints import check_weights_fit, remove_previous_checkpoints, resolve_resume, staged_checkpoint
+from ..checkpoints import (
+    check_weights_fit,
+    remove_previous_checkpoints,
+    resolve_resume,
+    staged_checkpoint,
+    warn_if_pickles_are_unsafe_here,
+)
 from ..configuration.gaudi_config import GaudiConfig
 from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
 from ..devices.autocast import OpListAutocast
@@ -391,6 +397,7 @@ class GaudiTrainerMixin(TrainerShims):
         checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
         if checkpoint is not None:
             check_weights_fit(self.model, checkpoint)
+            warn_if_pickles_are_unsafe_here(checkpoint)
         elif self.args.overwrite_output_dir and self.args.should_save:
             remove_previous_checkpoints(self.args.output_dir)
         with self._loop_context():
