@@ -530,3 +530,27 @@ def test_deepspeed_config(path):
     offloaded = {k: v for k, v in config["zero_optimization"].items() if k.startswith("offload_")}
     assert (path.stem.endswith("_offload")) == bool(offloaded)
     assert all(target["device"] == "cpu" for target in offloaded.values())
+
+
+def test_deepspeed_over_ssh_gets_the_bridge_environment_through_a_private_env_file(tmp_path, monkeypatch, bridge):
+    """DeepSpeed's runner forwards only a few prefixes over ssh, plus the lines of the file DS_ENV_FILE names
+    (deepspeed/launcher/runner.py): lazy mode and the op-list variables must reach the other nodes that way."""
+    program = tmp_path / "deepspeed"
+    seen = tmp_path / "seen.txt"  # what the fake deepspeed found in the file it was pointed at
+    program.write_text(f'#!/bin/sh\nls -l "$DS_ENV_FILE" | cut -c1-10 > {seen}\ncat "$DS_ENV_FILE" >> {seen}\n')
+    program.chmod(0o700)
+    monkeypatch.setattr(launch_plan, "_deepspeed_executable", lambda environ: str(program))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".deepspeed_env").write_text("MY_SETTING=kept\n")  # the user's own file must still apply
+    monkeypatch.setattr(launch_plan, "_DEEPSPEED_USER_FILES", (home / ".deepspeed_env",))
+    monkeypatch.setenv("HABANA_VISIBLE_MODULES", "0,1")
+    hosts = hostfile(tmp_path, "gaudi-a slots=8", "gaudi-b slots=8")
+    flags = ["--use_deepspeed", "--hostfile", hosts, "--world_size", "8", "--master_port", "29517"]
+    assert main(["launch", *flags, str(ALLREDUCE), "--use_lazy_mode", "--gaudi_config_name", "gpt2"]) == 0
+    mode, *lines = seen.read_text().splitlines()
+    assert mode == "-rw-------"  # only this user reads what the job's environment holds
+    assert lines[0] == "MY_SETTING=kept"
+    forwarded = dict(line.split("=", 1) for line in lines)
+    assert forwarded["PT_HPU_LAZY_MODE"] == "1" and forwarded["HABANA_VISIBLE_MODULES"] == "0,1"
+    assert {BF16_LIST_ENV, FP32_LIST_ENV} <= set(forwarded)

@@ -317,6 +317,33 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
     )
 
 
+# ---- the environment other nodes get -----------------------------------------------------------------------
+
+# DeepSpeed's runner forwards over ssh only variables with a few prefixes (NCCL, PYTHON, ...) and the KEY=VALUE
+# lines of a `.deepspeed_env` (named by DS_ENV_FILE), read from the home and the current directory
+# (deepspeed/launcher/runner.py): the bridge's variables reach the other nodes only through such a file.
+DEEPSPEED_ENV_FILE_VARIABLE = "DS_ENV_FILE"
+_DEEPSPEED_USER_FILES = (Path.home() / ".deepspeed_env", Path(".deepspeed_env"))
+
+
+def deepspeed_env_file(plan: LaunchPlan, environ: Mapping[str, str], directory: str | os.PathLike) -> dict[str, str]:
+    """For DeepSpeed over ssh: write a private environment file for the other nodes (the user's own
+    `.deepspeed_env` lines first, then the bridge's variables) and return the variable naming it; nothing
+    for a job started on each node by itself, whose processes inherit this environment."""
+    if plan.backend != "deepspeed" or plan.per_node:
+        return {}
+    lines = []
+    for user_file in _DEEPSPEED_USER_FILES:  # naming our file instead hides these from DeepSpeed: carry them over
+        if user_file.is_file():
+            lines += [line.rstrip("\n") for line in user_file.read_text().splitlines() if "=" in line]
+    lines += [f"{name}={environ[name]}" for name in sorted(environ) if name.startswith(_MPI_FORWARDED_PREFIXES)]
+    path = Path(directory) / "deepspeed_env"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(f"{line}\n" for line in lines))
+    return {DEEPSPEED_ENV_FILE_VARIABLE: str(path.resolve())}
+
+
 # ---- command lines ------------------------------------------------------------------------------------------
 
 

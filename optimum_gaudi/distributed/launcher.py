@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -24,6 +25,7 @@ from .launch_plan import (
     LaunchPlan,
     build_command,
     check_port_free,
+    deepspeed_env_file,
     resolve,
 )
 
@@ -287,4 +289,7 @@ def launch(args: argparse.Namespace) -> int:
         check_port_free(plan.master_port)
     if bridge_env:
         print(f"optimum-gaudi launch: {' '.join(f'{k}={v}' for k, v in bridge_env.items())}", file=sys.stderr)
-    return run(plan, command, {**os.environ, **bridge_env})
+    with tempfile.TemporaryDirectory(prefix="optimum-gaudi-launch-") as private:
+        env = {**os.environ, **bridge_env}
+        env.update(deepspeed_env_file(plan, env, private))  # DeepSpeed over ssh: the other nodes' environment
+        return run(plan, command, env)
