@@ -1,7 +1,7 @@
 """`make bench`: run the benchmarks in one process, print the tables, write docs/benchmarks.md.
 
 Each section is one side-by-side run. `BENCH_SECTIONS=compile make bench` reruns only the named sections
-(comma-separated: speed, compile, distributed, allreduce) and replaces just those in docs/benchmarks.md,
+(comma-separated: speed, compile, llama, distributed, allreduce) and replaces just those in docs/benchmarks.md,
 each section saying when and under what load it was measured.
 """
 
@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from benchmarks import allreduce_model, compile_speed, distributed, train_speed  # noqa: E402
+from benchmarks import allreduce_model, compile_speed, distributed, llama_speed, train_speed  # noqa: E402
 from benchmarks.common import markdown_table  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -87,6 +87,20 @@ def compile_section(quick: bool) -> str:
     return f"## torch.compile, op-list autocast and regional compilation\n\n{t.table()}\n\n{text}"
 
 
+def llama_section(quick: bool) -> str:
+    text, m = llama_speed.run(repeats=1, steps=5, warmup=2, tiny=True) if quick else llama_speed.run()
+    t = Targets()
+    tuned, tuned_compile = m["trainer_bf16"], m["trainer_bf16_compile"]
+    gaudi, gaudi_compile = m["gaudi_llama"], m["gaudi_llama_compile"]
+    t.check("GaudiTrainer / hand-tuned Trainer, steps/s", gaudi[0] / tuned[0], 1.0)
+    t.check("GaudiTrainer + compile / hand-tuned Trainer + compile, steps/s", gaudi_compile[0] / tuned_compile[0], 1.1)
+    t.check("GaudiTrainer + compile: share of the bf16 peak", gaudi_compile[0] * m["flops"] / m["peak"], 0.35, "{:.0%}")
+    for setup, reference in (("gaudi_llama", "trainer_bf16"), ("gaudi_llama_compile", "trainer_bf16_compile")):
+        diff = abs(m[setup][1] - m[reference][1])
+        t.check(f"train loss, {setup} - {reference} (both bf16)", diff, LOSS_TOLERANCE, "{:.4f}", True)
+    return f"## A Llama-shaped model (SmolLM-135M widths)\n\n{t.table()}\n\n{text}"
+
+
 def distributed_section(quick: bool) -> str:
     repeats, steps, warmup = (1, 8, 2) if quick else (3, 30, 5)
     text, d = distributed.run(repeats=repeats, steps=steps, warmup=warmup)
@@ -104,6 +118,7 @@ def allreduce_section(quick: bool) -> str:
 SECTIONS = {
     "speed": speed_section,
     "compile": compile_section,
+    "llama": llama_section,
     "distributed": distributed_section,
     "allreduce": allreduce_section,
 }
