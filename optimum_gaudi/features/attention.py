@@ -88,10 +88,6 @@ def use_device_kernel(kernel: AttentionKernel | None, options: FusedAttentionOpt
     _kernel, _options = kernel, options
 
 
-def current_options() -> FusedAttentionOptions:
-    return _options
-
-
 def fused_sdpa_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
