@@ -11,6 +11,7 @@ import functools
 import inspect
 import logging
 import os
+import time
 import weakref
 from typing import Any
 
@@ -27,7 +28,7 @@ from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadca
 from ..features import attention, kernels
 from ..features.compilation import CompilationLog, CompileOptions, compile_regions, pin_loss_function
 from ..features.metrics import Throughput
-from ..features.profiling import GaudiProfilerCallback
+from ..features.profiling import EvaluationProfiler, GaudiProfilerCallback
 from ..features.static_batches import StaticRows
 from ..features.table import feature_table
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
@@ -145,6 +146,8 @@ class GaudiTrainerMixin(TrainerShims):
         profiler = GaudiProfilerCallback.from_training_args(args)
         if profiler is not None:
             self.add_callback(profiler)
+        self._eval_profiler = EvaluationProfiler.from_training_args(args)
+        self._timing_out_of_throughput = False
         if self.is_world_process_zero():
             table = feature_table(self.gaudi_device, args, self.gaudi_config)
             flags = ", ".join(f"{k}={v}" for k, v in args.gaudi_flags().items())
@@ -331,8 +334,24 @@ class GaudiTrainerMixin(TrainerShims):
 
     def evaluation_loop(self, *args: Any, **kwargs: Any):
         self._throughput.eval_begin()
-        with self._loop_context():
+        with self._loop_context(), self._out_of_throughput(), contextlib.ExitStack() as stack:
+            if self._eval_profiler is not None:
+                prefix = kwargs.get("metric_key_prefix", args[4] if len(args) > 4 else "eval")
+                stack.enter_context(self._eval_profiler.loop(prefix))  # the trace is named like the metrics
             return super().evaluation_loop(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _out_of_throughput(self):
+        """--adjust_throughput: time spent here during training is left out of the throughput."""
+        if not (self.args.adjust_throughput and self.is_in_train) or self._timing_out_of_throughput:
+            yield
+            return
+        self._timing_out_of_throughput, start = True, time.perf_counter()
+        try:
+            yield
+        finally:
+            self._timing_out_of_throughput = False
+            self._throughput.exclude(time.perf_counter() - start)
 
     def prediction_step(
         self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys=None, **kwargs: Any
@@ -345,6 +364,8 @@ class GaudiTrainerMixin(TrainerShims):
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # run the queued evaluation graph before the next batch
         self._throughput.eval_batch(find_batch_size(inputs) or 0)
+        if self._eval_profiler is not None:
+            self._eval_profiler.batch_end()
         return outputs
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
@@ -397,7 +418,10 @@ class GaudiTrainerMixin(TrainerShims):
     def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
         """Written into a staging directory and renamed into place: complete or absent whenever a process dies."""
         run_dir = super()._get_output_dir(trial)
-        with staged_checkpoint(run_dir, self.state, self.args, self.accelerator.wait_for_everyone) as staging:
+        with (
+            self._out_of_throughput(),
+            staged_checkpoint(run_dir, self.state, self.args, self.accelerator.wait_for_everyone) as staging,
+        ):
             self._staging_root = str(staging)
             try:
                 super()._save_checkpoint(model, trial)
@@ -418,7 +442,8 @@ class GaudiTrainerMixin(TrainerShims):
             if self.is_world_process_zero():
                 logs.update(self.gaudi_device.memory_stats())
             self._run_totals_snapshot(self.control, logged=True)
-        super().log(logs, start_time)
+        with self._out_of_throughput():
+            super().log(logs, start_time)
 
     # ---- a resumed run reports the whole run ------------------------------------------------------------
 
