@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_pt_utils import find_batch_size
 
 from ..checkpoints import check_weights_fit, remove_previous_checkpoints, resolve_resume, staged_checkpoint
@@ -84,12 +84,29 @@ def _args_position(cls: type) -> int:
     raise TypeError(f"{cls.__name__}: no Trainer after GaudiTrainerMixin takes an `args` parameter.")
 
 
+def _habana_order(trainer_args: tuple, position: int, gaudi_config: Any) -> tuple[tuple, Any]:
+    """optimum-habana's ``GaudiTrainer(model, gaudi_config, args, ...)``: a GaudiConfig (or None followed by
+    training arguments) where the parent Trainer takes ``args`` is the ``gaudi_config``; the other positional
+    arguments keep the parent's order. ``GaudiTrainer(model, args, ...)`` (transformers' order) is unchanged."""
+    if len(trainer_args) <= position:
+        return trainer_args, gaudi_config
+    slot, following = trainer_args[position], trainer_args[position + 1 : position + 2]
+    if not (
+        isinstance(slot, GaudiConfig) or (slot is None and following and isinstance(following[0], TrainingArguments))
+    ):
+        return trainer_args, gaudi_config
+    if gaudi_config is not None:
+        raise TypeError("gaudi_config was given twice: by position (optimum-habana's order) and by keyword.")
+    return (*trainer_args[:position], *trainer_args[position + 1 :]), slot
+
+
 class GaudiTrainerMixin(TrainerShims):
     """The Gaudi features as narrow overrides of Trainer hooks; put it first to make any Trainer a Gaudi one.
 
     ``class MyGaudiTrainer(GaudiTrainerMixin, MyTrainer)`` keeps MyTrainer's signature and adds one keyword,
     ``gaudi_config`` (a GaudiConfig, or anything ``GaudiConfig.from_pretrained`` takes); by default it comes
-    from ``args.gaudi_config_name``, else every Gaudi feature is off. ``args`` must carry the Gaudi fields
+    from ``args.gaudi_config_name``, else every Gaudi feature is off; optimum-habana's positional order,
+    ``GaudiTrainer(model, gaudi_config, args, ...)``, works too. ``args`` must carry the Gaudi fields
     (an instance of GaudiTrainingArgumentsMixin); when it is left out, ``gaudi_args_class`` builds one.
     """
 
@@ -102,6 +119,7 @@ class GaudiTrainerMixin(TrainerShims):
         **trainer_kwargs: Any,
     ) -> None:
         position = _args_position(type(self))
+        trainer_args, gaudi_config = _habana_order(trainer_args, position, gaudi_config)
         by_position = "args" not in trainer_kwargs and len(trainer_args) > position
         args = trainer_args[position] if by_position else trainer_kwargs.get("args")
         if args is None:
