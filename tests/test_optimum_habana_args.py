@@ -193,3 +193,76 @@ def test_adjust_throughput_leaves_the_evaluations_out(tiny_gpt2, tiny_lm_data, t
         final["train_samples_per_second"]
         > [h for h in plain.state.log_history if "train_runtime" in h][0]["train_samples_per_second"]
     )
+
+
+# ---- transformers 4's arguments that transformers 5 removed -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--warmup_ratio", "0.03"], {"warmup_steps": 0.03}),
+        (["--include_tokens_per_second", "True"], {"include_num_input_tokens_seen": "all"}),
+        (["--group_by_length"], {"train_sampling_strategy": "group_by_length"}),
+        (["--adafactor"], {"optim": "adafactor"}),
+        (["--push_to_hub_model_id", "m"], {"hub_model_id": "m"}),
+        (["--push_to_hub_model_id", "m", "--push_to_hub_organization", "org"], {"hub_model_id": "org/m"}),
+        (["--push_to_hub_token", "tok"], {"hub_token": "tok"}),
+        (["--per_gpu_train_batch_size", "3"], {"per_device_train_batch_size": 3}),
+        (["--per_gpu_eval_batch_size", "5"], {"per_device_eval_batch_size": 5}),
+        (["--no_cuda"], {"use_cpu": True}),
+        (["--include_inputs_for_metrics"], {"include_for_metrics": ["inputs"]}),
+        (["--torchdynamo", "inductor", "--throughput_warmup_steps", "1"], {"torch_compile_backend": "inductor"}),
+    ],
+)
+def test_a_removed_argument_becomes_its_transformers_5_equivalent_with_one_line(tmp_path, caplog, argv, expected):
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        args = parse(tmp_path, *argv)
+    assert {name: getattr(args, name) for name in expected} == expected
+    said = [r.message for r in caplog.records if "removed in transformers 5" in r.message]
+    assert len(said) == len([a for a in argv if a.startswith("--") and a != "--throughput_warmup_steps"]) - (
+        1 if "--push_to_hub_organization" in argv else 0
+    )
+
+
+def test_logging_dir_becomes_the_tensorboard_variable(tmp_path, monkeypatch):
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    parse(tmp_path, "--logging_dir", str(tmp_path / "tb"))
+    import os
+
+    assert os.environ["TENSORBOARD_LOGGING_DIR"] == str(tmp_path / "tb")
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR")
+
+
+def test_warmup_ratio_trains_with_the_same_schedule_as_warmup_steps_ratio(tmp_path):
+    ratio = parse(tmp_path, "--warmup_ratio", "0.5", "--max_steps", "4", "--learning_rate", "1e-3")
+    steps = parse(tmp_path, "--warmup_steps", "0.5", "--max_steps", "4", "--learning_rate", "1e-3")
+    assert ratio.get_warmup_steps(4) == steps.get_warmup_steps(4) == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--warmup_ratio", "0.1", "--warmup_steps", "5"], "both set the warm-up"),
+        (["--warmup_ratio", "1.0"], r"a ratio in \[0, 1\)"),
+        (["--save_safetensors", "False"], "always saves safetensors"),
+        (["--jit_mode_eval"], "use --torch_compile"),
+        (["--past_index", "2"], "--past_index 2 was removed"),
+        (["--fsdp_min_num_params", "100"], '"min_num_params": 100'),
+        (["--fsdp_transformer_layer_cls_to_wrap", "GPT2Block"], '"transformer_layer_cls_to_wrap": \\["GPT2Block"\\]'),
+        (["--tpu_num_cores", "8"], "--tpu_num_cores was removed"),
+        (["--use_legacy_prediction_loop"], "was removed in transformers 5"),
+    ],
+)
+def test_a_removed_argument_without_an_equivalent_is_refused_in_one_line(tmp_path, argv, message):
+    with pytest.raises(ValueError, match=message) as error:
+        parse(tmp_path, *argv)
+    assert "\n" not in str(error.value)
+
+
+def test_removed_arguments_at_their_old_defaults_say_nothing(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        args = parse(tmp_path, "--adafactor", "False", "--save_safetensors", "True", "--warmup_ratio", "0")
+    assert not [r for r in caplog.records if "removed in transformers 5" in r.message]
+    assert args.optim != "adafactor" and args.warmup_steps == 0
+    assert "warmup_ratio" not in args.gaudi_flags()

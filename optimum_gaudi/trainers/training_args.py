@@ -23,6 +23,7 @@ from ..devices.hpu import bridge_installed, prepare_bridge
 from ..errors import UserError
 from ..features import attention
 from ..features.compilation import apply_dynamo_options, check_compile_flags, compile_choice_problem
+from .removed_args import RemovedTrainingArguments, apply_removed_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class GaudiArgumentError(UserError, ValueError):
 
 
 @dataclass
-class GaudiTrainingArgumentsMixin:
+class GaudiTrainingArgumentsMixin(RemovedTrainingArguments):
     """The Gaudi fields and their checks, for any TrainingArguments subclass: put it first, e.g.
     ``@dataclass class MyArgs(GaudiTrainingArgumentsMixin, Seq2SeqTrainingArguments)``. On a machine without
     a Gaudi the same flags still parse and the run falls back to CUDA or CPU (see the feature table logged
@@ -200,6 +201,7 @@ class GaudiTrainingArgumentsMixin:
     )
 
     def __post_init__(self) -> None:
+        apply_removed_arguments(self)  # transformers 4's arguments on optimum-habana command lines, first
         # TrainingArguments.__post_init__ would turn torch_compile on from its mode or backend, but only after
         # the checks below ran; apply its rule first so they see the flag the run will really have.
         if self.torch_compile_mode is not None or self.torch_compile_backend is not None:
@@ -238,7 +240,8 @@ class GaudiTrainingArgumentsMixin:
 
     def gaudi_flags(self) -> dict[str, object]:
         """The Gaudi flags and their values, for the run's log."""
-        return {f.name: getattr(self, f.name) for f in fields(GaudiTrainingArgumentsMixin)}
+        removed = {f.name for f in fields(RemovedTrainingArguments)}
+        return {f.name: getattr(self, f.name) for f in fields(GaudiTrainingArgumentsMixin) if f.name not in removed}
 
     @property
     def fast_ddp_torch_dtype(self) -> torch.dtype:
