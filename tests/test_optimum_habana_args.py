@@ -266,3 +266,30 @@ def test_removed_arguments_at_their_old_defaults_say_nothing(tmp_path, caplog):
     assert not [r for r in caplog.records if "removed in transformers 5" in r.message]
     assert args.optim != "adafactor" and args.warmup_steps == 0
     assert "warmup_ratio" not in args.gaudi_flags()
+
+
+# ---- the docs table --------------------------------------------------------------------------------------------
+
+# The 43 fields optimum-habana's GaudiTrainingArguments declares (optimum/habana/transformers/training_args.py).
+OPTIMUM_HABANA_FIELDS = """use_habana gaudi_config_name use_lazy_mode use_hpu_graphs use_hpu_graphs_for_inference
+use_hpu_graphs_for_training use_compiled_autograd compile_from_sec_iteration compile_dynamic use_zero3_leaf_promotion
+cache_size_limit use_regional_compilation inline_inbuilt_nn_modules allow_unspec_int_on_nn_module
+disable_tensor_cache_hpu_graphs max_hpu_graphs distribution_strategy context_parallel_size minimize_memory
+throughput_warmup_steps adjust_throughput pipelining_fwd_bwd ignore_eos non_blocking_data_copy profiling_warmup_steps
+profiling_steps profiling_warmup_steps_eval profiling_steps_eval profiling_record_shapes profiling_with_stack optim
+adam_epsilon logging_nan_inf_filter ddp_bucket_cap_mb ddp_find_unused_parameters half_precision_backend
+attn_implementation flash_attention_recompute flash_attention_fast_softmax flash_attention_causal_mask
+flash_attention_fp8 sdp_on_bf16 fp8""".split()
+
+
+def test_every_optimum_habana_field_parses_and_is_in_the_docs_table(tmp_path):
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    assert len(OPTIMUM_HABANA_FIELDS) == 43
+    ours = {f.name for f in dataclasses.fields(GaudiTrainingArguments)}
+    assert set(OPTIMUM_HABANA_FIELDS) <= ours
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "optimum-habana.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(\w+)` \|", doc.split("## The fields", 1)[1].split("## ", 1)[0], flags=re.M)
+    assert rows == OPTIMUM_HABANA_FIELDS
