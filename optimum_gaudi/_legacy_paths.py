@@ -40,7 +40,11 @@ MOVED = {
     "optimum_gaudi.launch": "optimum_gaudi.cli.launch",
     "optimum_gaudi.distributed.launch": "optimum_gaudi.distributed.launcher",
 }
-PUBLIC = {"optimum_gaudi.trl": "optimum_gaudi.trainers.trl"}
+PUBLIC = {
+    "optimum_gaudi.trl": "optimum_gaudi.trainers.trl",
+    # optimum-habana's `optimum.habana.utils` (set_seed, check_optimum_habana_min_version, ...)
+    "optimum_gaudi.utils": "optimum_gaudi.trainers.habana_compat",
+}
 # Old paths that were run with `python -m`: the subcommand of `optimum-gaudi` each one ran.
 RUNNABLE = {"optimum_gaudi.launch": "launch"}
 

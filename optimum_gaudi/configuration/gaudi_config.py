@@ -12,6 +12,7 @@ import difflib
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +193,69 @@ class GaudiConfig:
 
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    def to_json_file(self, json_file_path: str | os.PathLike) -> Path:
+        """Write the config to ``json_file_path`` (optimum-habana's name for a save to one file)."""
+        path = Path(json_file_path)
+        path.write_text(self.to_json_string(), encoding="utf-8")
+        return path
+
+    # ---- optimum-habana's ways to hand the op lists to the Gaudi bridge -------------------------------------
+
+    def write_bf16_fp32_ops_to_text_files(
+        self, path_to_bf16_file: str | os.PathLike, path_to_fp32_file: str | os.PathLike
+    ) -> None:
+        """Write the bf16 and fp32 op lists, one op per line, as the bridge reads them. A list left out of the
+        config is written as the list it means (Habana's default, as on every device here)."""
+        from .op_lists import resolve_op_lists
+
+        bf16, fp32 = resolve_op_lists(self.autocast_bf16_ops, self.autocast_fp32_ops)
+        for path, ops in ((path_to_bf16_file, bf16), (path_to_fp32_file, fp32)):
+            Path(path).write_text("".join(f"{op}\n" for op in ops), encoding="utf-8")
+
+    def declare_autocast_bf16_fp32_ops(self) -> dict[str, str]:
+        """Point the bridge's two op-list variables (``PT_HPU_AUTOCAST_LOWER_PRECISION_OPS_LIST``,
+        ``PT_HPU_AUTOCAST_FP32_OPS_LIST``) at files holding this config's lists, as optimum-habana does; return
+        what was set. GaudiTrainingArguments does this itself; a script calls it only to set the lists by hand.
+        The bridge reads them once, when it loads: after that it is an error, as in optimum-habana."""
+        from .op_lists import op_list_environment, resolve_op_lists
+
+        if "habana_frameworks.torch.core" in sys.modules:  # a look at what is loaded; nothing is imported here
+            raise GaudiConfigError(
+                "declare_autocast_bf16_fp32_ops: habana_frameworks is already loaded and has read its op lists; "
+                "build the Gaudi config and the training arguments first, or start Python with PT_HPU_AUTOLOAD=0."
+            )
+        environment = op_list_environment(*resolve_op_lists(self.autocast_bf16_ops, self.autocast_fp32_ops))
+        os.environ.update(environment)
+        return environment
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        commit_message: str = "Upload gaudi_config.json",
+        private: bool | None = None,
+        token: str | bool | None = None,
+        revision: str | None = None,
+    ) -> str:
+        """Upload ``gaudi_config.json`` to the Hub repository ``repo_id`` (created if needed); return the
+        commit's URL. Offline, one line says so."""
+        hint = "Save it with save_pretrained(DIR) and upload DIR/gaudi_config.json when online."
+        try:
+            require_hub(f"push_to_hub('{repo_id}')", hint)
+        except HubUnavailableError as e:
+            raise GaudiConfigError(str(e)) from None
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=token)
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        info = api.upload_file(
+            path_or_fileobj=self.to_json_string().encode("utf-8"),
+            path_in_repo=GAUDI_CONFIG_NAME,
+            repo_id=repo_id,
+            commit_message=commit_message,
+            revision=revision,
+        )
+        return str(getattr(info, "commit_url", info))
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> Path:
         """Write gaudi_config.json into `save_directory` (created if needed) atomically; return its path."""

@@ -73,6 +73,10 @@ class Device:
     def reset_peak_memory_stats(self) -> None:
         """Start the peak-memory count afresh (at train start), where the device can."""
 
+    def manual_seed(self, seed: int) -> None:
+        """Seed the device's own random generator where torch.manual_seed does not reach it (a Gaudi's); CPU
+        and CUDA are seeded by torch.manual_seed."""
+
     def loop_memory(self) -> contextlib.AbstractContextManager:
         """Around a training or evaluation loop: how the device keeps memory freed from one step for the
         next. Device memory has its caching allocator already; host memory is the host's business."""

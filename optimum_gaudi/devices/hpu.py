@@ -225,6 +225,9 @@ class HPUDevice(Device):
     def reset_peak_memory_stats(self) -> None:
         importlib.import_module("habana_frameworks.torch.hpu").reset_peak_memory_stats()
 
+    def manual_seed(self, seed: int) -> None:
+        importlib.import_module("habana_frameworks.torch.hpu.random").manual_seed_all(seed)
+
     def fused_adamw(self) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
         from habana_frameworks.torch.hpex.optimizers import FusedAdamW
 

@@ -274,7 +274,7 @@ def run(plan: LaunchPlan, command: Sequence[str], env: Mapping[str, str] | None 
 
 def launch(args: argparse.Namespace) -> int:
     """``optimum-gaudi launch``: raise LaunchError for settings that cannot work, else run the job."""
-    from ..configuration.op_lists import launch_environment
+    from ..configuration.launch_env import launch_environment
 
     plan = resolve(args)
     try:

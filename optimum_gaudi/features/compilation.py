@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -121,6 +122,34 @@ def compile_choice_problem(backend: str | None, mode: str | None) -> str | None:
     if mode is not None and mode not in modes:
         return f"--torch_compile_mode {mode} is not a torch.compile mode; choose one of {', '.join(modes)}."
     return None
+
+
+# optimum-habana's training arguments that set a torch._dynamo.config value of the same name when given
+_DYNAMO_CONFIG_FLAGS = ("inline_inbuilt_nn_modules", "allow_unspec_int_on_nn_module")
+
+
+def apply_dynamo_options(args: Any) -> None:
+    """The process-wide dynamo settings the arguments ask for, as optimum-habana sets them with the arguments:
+    ``--inline_inbuilt_nn_modules`` / ``--allow_unspec_int_on_nn_module`` when given (unset keeps torch's
+    value), ``--use_compiled_autograd`` (with ``--torch_compile``) turns on compiled autograd."""
+    config = torch._dynamo.config
+    for name in _DYNAMO_CONFIG_FLAGS:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            setattr(config, name, value)
+        if any("does not do anything" in str(w.message) for w in caught):  # retired by this torch release
+            logger.warning(
+                "--%s %s does nothing with torch %s, which retired torch._dynamo.config.%s.",
+                name,
+                value,
+                torch.__version__,
+                name,
+            )
+    if getattr(args, "use_compiled_autograd", False) and args.torch_compile:
+        config.compiled_autograd = True
 
 
 def set_cache_size_limit(limit: int) -> None:

@@ -44,6 +44,7 @@ class Throughput:
         self._clock_step: int | None = None
         self._clock_time: float | None = None
         self._last_log: tuple[int, float, int, int] = (0, 0.0, 0, 0)
+        self._excluded = self._excluded_at_log = 0.0  # seconds the clock leaves out (--adjust_throughput)
         self.eval_begin()
 
     def train_begin(self, global_step: int, carried: dict[str, float] | None = None) -> None:
@@ -61,6 +62,13 @@ class Throughput:
     def _start(self, step: int) -> None:
         self._clock_step, self._clock_time, self.samples, self.tokens = step, time.time(), 0, 0
         self._last_log = (step, self._clock_time, 0, 0)
+        self._excluded = self._excluded_at_log = 0.0
+
+    def exclude(self, seconds: float) -> None:
+        """Leave ``seconds`` out of the clocked time (``--adjust_throughput``: evaluating, logging and saving
+        during training, as optimum-habana leaves them out)."""
+        if self._clock_time is not None:
+            self._excluded += seconds
 
     def count_batch(self, inputs: Any, rows: int | None) -> None:
         """Count a batch as fed to the training step, before any padding."""
@@ -79,7 +87,7 @@ class Throughput:
         if self._clock_time is not None:
             segment.update(steps=global_step - self._clock_step, samples=self.samples, tokens=self.tokens)
             segment["warmup_steps"] = self._clock_step - self._first_step
-            segment["seconds"] = time.time() - self._clock_time
+            segment["seconds"] = time.time() - self._clock_time - self._excluded
         return {key: self._carried.get(key, 0) + value for key, value in segment.items()}
 
     def interval(self, global_step: int, world_size: int) -> dict[str, float]:
@@ -88,10 +96,11 @@ class Throughput:
             return {}
         step, then, samples, tokens = self._last_log
         now = time.time()
-        self._last_log = (global_step, now, self.samples, self.tokens)
-        rates = {"interval_samples_per_second": round((self.samples - samples) * world_size / (now - then), 3)}
+        seconds = max(now - then - (self._excluded - self._excluded_at_log), 1e-9)
+        self._last_log, self._excluded_at_log = (global_step, now, self.samples, self.tokens), self._excluded
+        rates = {"interval_samples_per_second": round((self.samples - samples) * world_size / seconds, 3)}
         if self.tokens > tokens:
-            rates["interval_tokens_per_second"] = round((self.tokens - tokens) * world_size / (now - then), 3)
+            rates["interval_tokens_per_second"] = round((self.tokens - tokens) * world_size / seconds, 3)
         return rates
 
     def rewrite(self, metrics: dict, global_step: int, world_size: int) -> None:

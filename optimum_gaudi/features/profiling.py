@@ -32,7 +32,7 @@ from transformers import TrainerCallback
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GaudiProfilerCallback", "current_activities", "profile", "trace_path"]
+__all__ = ["EvaluationProfiler", "GaudiProfilerCallback", "current_activities", "profile", "trace_path"]
 
 
 @contextlib.contextmanager
@@ -60,8 +60,11 @@ def current_activities(activities: Sequence[Any] | None) -> list[Any]:
     return [getattr(current, name) for name in names if hasattr(current, name)]
 
 
-def trace_path(output_dir: str | os.PathLike, rank: int) -> Path:
-    return Path(output_dir) / f"profile_rank{rank}.pt.trace.json"
+def trace_path(output_dir: str | os.PathLike, rank: int, loop: str | None = None) -> Path:
+    """Where a rank's trace goes: ``profile_rank{N}`` for training, ``profile_{loop}_rank{N}`` for an
+    evaluation or prediction loop (``eval``, ``test``, ``prediction``)."""
+    stem = f"profile_{loop}_rank{rank}" if loop else f"profile_rank{rank}"
+    return Path(output_dir) / f"{stem}.pt.trace.json"
 
 
 class GaudiProfilerCallback(TrainerCallback):
@@ -185,3 +188,104 @@ class GaudiProfilerCallback(TrainerCallback):
         profiler.export_chrome_trace(str(path))
         self.trace_file = path
         logger.info("Profiler trace (from step %d, rank %d) written to %s", self._first_step, self.rank, path)
+
+
+class EvaluationProfiler:
+    """Profile batches ``warmup_batches + 1`` to ``warmup_batches + active_batches`` of one evaluation or
+    prediction loop (``--profiling_warmup_steps_eval`` / ``--profiling_steps_eval``, optimum-habana's flags).
+
+    Each loop writes ``profile_{loop}_rank{N}.pt.trace.json`` (``eval``, ``test``, ``prediction``): the next
+    loop of the same name overwrites it. A loop shorter than the window writes what it recorded.
+    """
+
+    def __init__(
+        self,
+        warmup_batches: int,
+        active_batches: int,
+        record_shapes: bool = False,
+        with_stack: bool = False,
+        output_dir: str | os.PathLike = "profiling",
+        rank: int = 0,
+        activities: Sequence[ProfilerActivity] | None = None,
+    ) -> None:
+        self.warmup_batches = warmup_batches
+        self.active_batches = active_batches
+        self.record_shapes = record_shapes
+        self.with_stack = with_stack
+        self.output_dir = Path(output_dir)
+        self.rank = rank
+        self.activities = list(activities) if activities is not None else None
+        self.trace_file: Path | None = None
+        self._loop = "eval"
+        self._batches = 0
+        self._running: contextlib.ExitStack | None = None
+        self._profiler: torch.profiler.profile | None = None
+
+    @classmethod
+    def from_training_args(cls, args: Any) -> EvaluationProfiler | None:
+        if not getattr(args, "profiling_steps_eval", 0):
+            return None
+        return cls(
+            warmup_batches=args.profiling_warmup_steps_eval,
+            active_batches=args.profiling_steps_eval,
+            record_shapes=args.profiling_record_shapes,
+            with_stack=args.profiling_with_stack,
+            output_dir=Path(args.output_dir),
+            rank=args.process_index,
+            activities=args.gaudi_device.profiler_activities(),
+        )
+
+    @contextlib.contextmanager
+    def loop(self, name: str) -> Iterator[EvaluationProfiler]:
+        """Around one evaluation or prediction loop; ``name`` names its trace."""
+        self._loop, self._batches = name.lower().replace(" ", "_"), 0
+        if self.warmup_batches == 0:
+            self._start()
+        try:
+            yield self
+        finally:
+            self._stop()
+
+    def batch_end(self) -> None:
+        """After each batch of the loop: start, step or stop the profiler."""
+        self._batches += 1
+        if self._profiler is not None:
+            if self._batches >= self.warmup_batches + self.active_batches:
+                self._stop()
+            else:
+                self._profiler.step()
+        elif self._batches == self.warmup_batches:
+            self._start()
+
+    def _start(self) -> None:
+        self.trace_file = None
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Profiler won't be using warmup")
+            schedule = torch.profiler.schedule(wait=0, warmup=0, active=self.active_batches, repeat=1)
+        profiler = torch.profiler.profile(
+            activities=current_activities(self.activities),
+            schedule=schedule,
+            on_trace_ready=self._export,
+            record_shapes=self.record_shapes,
+            with_stack=self.with_stack,
+        )
+        self._running = contextlib.ExitStack()
+        self._profiler = self._running.enter_context(profiler)
+
+    def _stop(self) -> None:
+        running, self._running, self._profiler = self._running, None, None
+        if running is not None:
+            running.close()
+
+    def _export(self, profiler: torch.profiler.profile) -> None:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        path = trace_path(self.output_dir, self.rank, self._loop)
+        profiler.export_chrome_trace(str(path))
+        self.trace_file = path
+        logger.info(
+            "Profiler trace of %s batches %d-%d written to %s",
+            self._loop,
+            self.warmup_batches + 1,
+            self.warmup_batches + self.active_batches,
+            path,
+        )

@@ -11,12 +11,13 @@ import functools
 import inspect
 import logging
 import os
+import time
 import weakref
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_pt_utils import find_batch_size
 
 from ..checkpoints import (
@@ -34,7 +35,7 @@ from ..features import attention, kernels
 from ..features.compilation import CompilationLog, CompileOptions, compile_regions, pin_loss_function
 from ..features.metrics import Throughput
 from ..features.op_list_check import check_op_lists
-from ..features.profiling import GaudiProfilerCallback
+from ..features.profiling import EvaluationProfiler, GaudiProfilerCallback
 from ..features.static_batches import StaticRows
 from ..features.table import feature_table
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
@@ -90,12 +91,29 @@ def _args_position(cls: type) -> int:
     raise TypeError(f"{cls.__name__}: no Trainer after GaudiTrainerMixin takes an `args` parameter.")
 
 
+def _habana_order(trainer_args: tuple, position: int, gaudi_config: Any) -> tuple[tuple, Any]:
+    """optimum-habana's ``GaudiTrainer(model, gaudi_config, args, ...)``: a GaudiConfig (or None followed by
+    training arguments) where the parent Trainer takes ``args`` is the ``gaudi_config``; the other positional
+    arguments keep the parent's order. ``GaudiTrainer(model, args, ...)`` (transformers' order) is unchanged."""
+    if len(trainer_args) <= position:
+        return trainer_args, gaudi_config
+    slot, following = trainer_args[position], trainer_args[position + 1 : position + 2]
+    if not (
+        isinstance(slot, GaudiConfig) or (slot is None and following and isinstance(following[0], TrainingArguments))
+    ):
+        return trainer_args, gaudi_config
+    if gaudi_config is not None:
+        raise TypeError("gaudi_config was given twice: by position (optimum-habana's order) and by keyword.")
+    return (*trainer_args[:position], *trainer_args[position + 1 :]), slot
+
+
 class GaudiTrainerMixin(TrainerShims):
     """The Gaudi features as narrow overrides of Trainer hooks; put it first to make any Trainer a Gaudi one.
 
     ``class MyGaudiTrainer(GaudiTrainerMixin, MyTrainer)`` keeps MyTrainer's signature and adds one keyword,
     ``gaudi_config`` (a GaudiConfig, or anything ``GaudiConfig.from_pretrained`` takes); by default it comes
-    from ``args.gaudi_config_name``, else every Gaudi feature is off. ``args`` must carry the Gaudi fields
+    from ``args.gaudi_config_name``, else every Gaudi feature is off; optimum-habana's positional order,
+    ``GaudiTrainer(model, gaudi_config, args, ...)``, works too. ``args`` must carry the Gaudi fields
     (an instance of GaudiTrainingArgumentsMixin); when it is left out, ``gaudi_args_class`` builds one.
     """
 
@@ -108,6 +126,7 @@ class GaudiTrainerMixin(TrainerShims):
         **trainer_kwargs: Any,
     ) -> None:
         position = _args_position(type(self))
+        trainer_args, gaudi_config = _habana_order(trainer_args, position, gaudi_config)
         by_position = "args" not in trainer_kwargs and len(trainer_args) > position
         args = trainer_args[position] if by_position else trainer_kwargs.get("args")
         if args is None:
@@ -152,6 +171,8 @@ class GaudiTrainerMixin(TrainerShims):
         profiler = GaudiProfilerCallback.from_training_args(args)
         if profiler is not None:
             self.add_callback(profiler)
+        self._eval_profiler = EvaluationProfiler.from_training_args(args)
+        self._timing_out_of_throughput = False
         if self.is_world_process_zero():
             table = feature_table(self.gaudi_device, args, self.gaudi_config)
             flags = ", ".join(f"{k}={v}" for k, v in args.gaudi_flags().items())
@@ -342,8 +363,24 @@ class GaudiTrainerMixin(TrainerShims):
 
     def evaluation_loop(self, *args: Any, **kwargs: Any):
         self._throughput.eval_begin()
-        with self._loop_context():
+        with self._loop_context(), self._out_of_throughput(), contextlib.ExitStack() as stack:
+            if self._eval_profiler is not None:
+                prefix = kwargs.get("metric_key_prefix", args[4] if len(args) > 4 else "eval")
+                stack.enter_context(self._eval_profiler.loop(prefix))  # the trace is named like the metrics
             return super().evaluation_loop(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _out_of_throughput(self):
+        """--adjust_throughput: time spent here during training is left out of the throughput."""
+        if not (self.args.adjust_throughput and self.is_in_train) or self._timing_out_of_throughput:
+            yield
+            return
+        self._timing_out_of_throughput, start = True, time.perf_counter()
+        try:
+            yield
+        finally:
+            self._timing_out_of_throughput = False
+            self._throughput.exclude(time.perf_counter() - start)
 
     def prediction_step(
         self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys=None, **kwargs: Any
@@ -356,6 +393,8 @@ class GaudiTrainerMixin(TrainerShims):
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # run the queued evaluation graph before the next batch
         self._throughput.eval_batch(find_batch_size(inputs) or 0)
+        if self._eval_profiler is not None:
+            self._eval_profiler.batch_end()
         return outputs
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
@@ -410,7 +449,10 @@ class GaudiTrainerMixin(TrainerShims):
     def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
         """Written into a staging directory and renamed into place: complete or absent whenever a process dies."""
         run_dir = super()._get_output_dir(trial)
-        with staged_checkpoint(run_dir, self.state, self.args, self.accelerator.wait_for_everyone) as staging:
+        with (
+            self._out_of_throughput(),
+            staged_checkpoint(run_dir, self.state, self.args, self.accelerator.wait_for_everyone) as staging,
+        ):
             self._staging_root = str(staging)
             try:
                 super()._save_checkpoint(model, trial)
@@ -431,7 +473,8 @@ class GaudiTrainerMixin(TrainerShims):
             if self.is_world_process_zero():
                 logs.update(self.gaudi_device.memory_stats())
             self._run_totals_snapshot(self.control, logged=True)
-        super().log(logs, start_time)
+        with self._out_of_throughput():
+            super().log(logs, start_time)
 
     # ---- a resumed run reports the whole run ------------------------------------------------------------
 

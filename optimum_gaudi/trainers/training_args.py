@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import warnings
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -21,7 +22,8 @@ from ..devices import CPUDevice, Device, detect_device
 from ..devices.hpu import bridge_installed, prepare_bridge
 from ..errors import UserError
 from ..features import attention
-from ..features.compilation import check_compile_flags, compile_choice_problem
+from ..features.compilation import apply_dynamo_options, check_compile_flags, compile_choice_problem
+from .removed_args import RemovedTrainingArguments, apply_removed_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +38,7 @@ class GaudiArgumentError(UserError, ValueError):
 
 
 @dataclass
-class GaudiTrainingArgumentsMixin:
+class GaudiTrainingArgumentsMixin(RemovedTrainingArguments):
     """The Gaudi fields and their checks, for any TrainingArguments subclass: put it first, e.g.
     ``@dataclass class MyArgs(GaudiTrainingArgumentsMixin, Seq2SeqTrainingArguments)``. On a machine without
     a Gaudi the same flags still parse and the run falls back to CUDA or CPU (see the feature table logged
@@ -150,17 +152,70 @@ class GaudiTrainingArgumentsMixin:
         default=False, metadata={"help": "fp8 training through Intel's Gaudi Transformer Engine (not supported yet)."}
     )
     minimize_memory: bool = field(default=False, metadata={"help": "With --fp8: keep fewer fp8 weight copies."})
+    # ---- optimum-habana's other fields: same names and meanings (docs/optimum-habana.md says what each does here)
+    use_hpu_graphs: bool = field(
+        default=False,
+        metadata={"help": "Deprecated (as in optimum-habana): use --use_hpu_graphs_for_inference, which it turns on."},
+    )
+    context_parallel_size: int = field(
+        default=1,
+        metadata={"help": "Ranks per context-parallel group (sequence split across ranks); only 1 is supported."},
+    )
+    adjust_throughput: bool = field(
+        default=False,
+        metadata={"help": "Leave the time spent evaluating, logging and saving out of the training throughput."},
+    )
+    ignore_eos: bool = field(
+        default=False,
+        metadata={
+            "help": "optimum-habana: generate past EOS in Seq2Seq evaluation (its default: True). Here generation "
+            "is transformers' and stops at EOS; the flag is accepted and said to do nothing."
+        },
+    )
+    profiling_warmup_steps_eval: int = field(
+        default=0, metadata={"help": "Evaluation batches to skip before the evaluation profiler starts."}
+    )
+    profiling_steps_eval: int = field(
+        default=0, metadata={"help": "Evaluation batches to profile with torch.profiler (0 disables it)."}
+    )
+    use_compiled_autograd: bool = field(
+        default=False,
+        metadata={"help": "With --torch_compile: compile the backward too (torch._dynamo.config.compiled_autograd)."},
+    )
+    use_zero3_leaf_promotion: bool = field(
+        default=False,
+        metadata={
+            "help": "optimum-habana's scripts then mark the decoder layers as DeepSpeed ZeRO-3 leaf modules; call "
+            "deepspeed.utils.set_z3_leaf_modules in your script (the trainer does not)."
+        },
+    )
+    inline_inbuilt_nn_modules: bool | None = field(
+        default=None, metadata={"help": "Sets torch._dynamo.config.inline_inbuilt_nn_modules (unset: torch's)."}
+    )
+    allow_unspec_int_on_nn_module: bool | None = field(
+        default=None, metadata={"help": "Sets torch._dynamo.config.allow_unspec_int_on_nn_module (unset: torch's)."}
+    )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Start over in an --output_dir that holds checkpoints of another run (they are deleted)."},
     )
 
     def __post_init__(self) -> None:
+        apply_removed_arguments(self)  # transformers 4's arguments on optimum-habana command lines, first
         # TrainingArguments.__post_init__ would turn torch_compile on from its mode or backend, but only after
         # the checks below ran; apply its rule first so they see the flag the run will really have.
         if self.torch_compile_mode is not None or self.torch_compile_backend is not None:
             self.torch_compile = True
+        if self.use_hpu_graphs:
+            warnings.warn(
+                "--use_hpu_graphs is deprecated (as in optimum-habana): it now turns on --use_hpu_graphs_for_inference;"
+                " pass that (or --use_hpu_graphs_for_training) instead.",
+                FutureWarning,
+                stacklevel=2,
+            )
+            self.use_hpu_graphs_for_inference = True
         self._validate_gaudi_flags()
+        apply_dynamo_options(self)
         attention.prepare(self)  # before the script loads its model with attn_implementation=...
         _check_standard_flags(self)
         self.gaudi_config = GaudiConfig.from_pretrained(self.gaudi_config_name) if self.gaudi_config_name else None
@@ -185,7 +240,8 @@ class GaudiTrainingArgumentsMixin:
 
     def gaudi_flags(self) -> dict[str, object]:
         """The Gaudi flags and their values, for the run's log."""
-        return {f.name: getattr(self, f.name) for f in fields(GaudiTrainingArgumentsMixin)}
+        removed = {f.name for f in fields(RemovedTrainingArguments)}
+        return {f.name: getattr(self, f.name) for f in fields(GaudiTrainingArgumentsMixin) if f.name not in removed}
 
     @property
     def fast_ddp_torch_dtype(self) -> torch.dtype:
@@ -211,7 +267,13 @@ class GaudiTrainingArgumentsMixin:
             fail(
                 f"--half_precision_backend must be one of {', '.join(HALF_PRECISION_BACKENDS)}, got '{self.half_precision_backend}'."
             )
-        for name in ("throughput_warmup_steps", "profiling_warmup_steps", "profiling_steps"):
+        for name in (
+            "throughput_warmup_steps",
+            "profiling_warmup_steps",
+            "profiling_steps",
+            "profiling_warmup_steps_eval",
+            "profiling_steps_eval",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 fail(f"--{name} must be a whole number >= 0, got {value!r}.")
@@ -251,6 +313,7 @@ class GaudiTrainingArgumentsMixin:
         if self.minimize_memory:
             logger.warning("--minimize_memory only acts with --fp8; it is ignored.")
         check_compile_flags(self)
+        self._check_optimum_habana_flags()
         if self.half_precision_backend != "auto" and not self.bf16:
             logger.warning(
                 "--half_precision_backend %s has no effect without --bf16 or a Gaudi config with use_torch_autocast.",
@@ -262,8 +325,35 @@ class GaudiTrainingArgumentsMixin:
         if self.disable_tensor_cache_hpu_graphs and not self.use_hpu_graphs_for_inference:
             logger.warning("--disable_tensor_cache_hpu_graphs is ignored without --use_hpu_graphs_for_inference.")
         for flag in ("profiling_record_shapes", "profiling_with_stack"):
-            if getattr(self, flag) and self.profiling_steps == 0:
-                logger.warning("--%s is ignored while --profiling_steps is 0.", flag)
+            if getattr(self, flag) and self.profiling_steps == 0 and self.profiling_steps_eval == 0:
+                logger.warning("--%s is ignored while --profiling_steps and --profiling_steps_eval are 0.", flag)
+        if self.profiling_warmup_steps_eval and not self.profiling_steps_eval:
+            logger.warning("--profiling_warmup_steps_eval is ignored while --profiling_steps_eval is 0.")
+
+    def _check_optimum_habana_flags(self) -> None:
+        """optimum-habana's fields that cannot act here: an error when the run could not be what was asked, one
+        line when it can (never a flag silently dropped)."""
+        if not isinstance(self.context_parallel_size, int) or self.context_parallel_size < 1:
+            raise GaudiArgumentError(f"--context_parallel_size must be >= 1, got {self.context_parallel_size!r}.")
+        if self.context_parallel_size > 1:
+            raise GaudiArgumentError(
+                f"--context_parallel_size {self.context_parallel_size}: context parallelism (each sequence split "
+                "across ranks) is not supported by this release; drop it (1, the default) to train data-parallel."
+            )
+        if self.use_compiled_autograd and not self.torch_compile:
+            raise GaudiArgumentError(
+                "--use_compiled_autograd compiles the backward of a compiled model; add --torch_compile or drop it."
+            )
+        if self.ignore_eos:
+            logger.warning(
+                "--ignore_eos does nothing here: generation is transformers' and stops at EOS (optimum-habana's "
+                "Seq2Seq evaluation generated past it for static shapes; a Gaudi gets them from a static cache)."
+            )
+        if self.use_zero3_leaf_promotion:
+            logger.warning(
+                "--use_zero3_leaf_promotion is not applied by the trainer (in optimum-habana its scripts do it): "
+                "with DeepSpeed ZeRO-3 call deepspeed.utils.set_z3_leaf_modules(model, [DecoderLayerClass])."
+            )
 
     def _check_deepspeed_config(self) -> None:
         """transformers reports a DeepSpeed config value that disagrees with the arguments (e.g. "bf16": {"enabled":
