@@ -236,6 +236,7 @@ def test_mpirun_forwards_the_bridge_variables_to_the_other_nodes(tmp_path, monke
     (tmp_path / "bin" / "mpirun").chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     monkeypatch.syspath_prepend(FAKES)  # a bridge is installed here: its variables must reach every node
+    monkeypatch.delenv("PT_HPU_LAZY_MODE", raising=False)  # the arguments decide it, not an earlier test's export
     hosts = hostfile(tmp_path, "gaudi-a slots=8", "gaudi-b slots=8")
     flags = ["--use_mpi", "--hostfile", hosts, "--world_size", "8", str(ALLREDUCE), "--gaudi_config_name", "gpt2"]
     flags.append("--use_lazy_mode")  # the launcher sets PT_HPU_LAZY_MODE only when the arguments ask for a mode
