@@ -156,7 +156,7 @@ def test_unknown_hub_name_offline_fails_fast_listing_bundled_names(monkeypatch):
 
 
 def test_unreachable_hub_fails_fast(monkeypatch):
-    from optimum_gaudi import hub
+    from optimum_gaudi.configuration import hub
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)

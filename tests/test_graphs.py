@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from optimum_gaudi import graphs
 from optimum_gaudi.devices import CPUDevice
+from optimum_gaudi.features import graphs
 
 
 def test_capture_then_replay_refreshes_static_outputs_on_cpu():

@@ -7,7 +7,8 @@ import resource
 import pytest
 import torch
 
-from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments, host_memory
+from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
+from optimum_gaudi.devices import host_memory
 
 needs_glibc = pytest.mark.skipif(host_memory.glibc() is None, reason="glibc's mallopt only")
 BLOCK = 64 << 20  # above glibc's largest dynamic mmap threshold (32 MiB): unmapped when freed by default

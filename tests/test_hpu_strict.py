@@ -211,7 +211,7 @@ def test_op_lists_of_a_config_given_to_the_trainer_are_checked_against_the_bridg
 def test_graph_api_runs_on_an_eager_gaudi(bridge, caplog):
     import habana_frameworks.torch  # noqa: F401  (1.21: eager, the graph API is not exported)
 
-    from optimum_gaudi import graphs
+    from optimum_gaudi.features import graphs
 
     device = HPUDevice()
     model = torch.nn.Linear(2, 2)
