@@ -478,6 +478,19 @@ def _publish_checkpoint(staged: Path, run_dir: Path, state: Any, limit: int | No
     rotate_checkpoints(run_dir, limit, keep={str(final), state.best_model_checkpoint})
 
 
+def _name_earlier_best(run_dir: Path, state: Any, args: Any) -> None:
+    """Trainer._save_checkpoint names the best checkpoint when ``checkpoint-{best_global_step}`` exists where it
+    saves; it saves into the staging root, where only this step's checkpoint is. A best checkpoint saved
+    earlier (its step saved before the evaluation that made it the best) is looked for in ``run_dir`` here,
+    under the same conditions, so that rotation keeps it and the end of training loads it."""
+    step = getattr(state, "best_global_step", None)
+    if not step or step == state.global_step or args.save_strategy == "no":
+        return
+    earlier = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+    if earlier.exists():
+        state.best_model_checkpoint = str(earlier)
+
+
 @contextlib.contextmanager
 def staged_checkpoint(run_dir: str | os.PathLike, state: Any, args: Any, barrier: Callable[[], None]) -> Iterator[Path]:
     """Yield the staging root to write ``checkpoint-{state.global_step}`` into, as if it were ``run_dir``; when
@@ -494,6 +507,7 @@ def staged_checkpoint(run_dir: str | os.PathLike, state: Any, args: Any, barrier
     if saver:
         remove_staging_leftovers(run_dir)
     barrier()
+    _name_earlier_best(run_dir, state, args)
     try:
         with disk_full_is_user_error(run_dir, name):
             yield staging_root

@@ -367,3 +367,68 @@ def test_ddp_every_rank_writes_into_the_staging_directory_and_one_publishes(tmp_
         assert checkpoint_problem(checkpoint) is None
         manifest = json.loads((checkpoint / MANIFEST_NAME).read_text())["files"]
         assert {"rng_state_0.pth", "rng_state_1.pth", "optimizer.pt", "model.safetensors"} <= set(manifest)
+
+
+# ---- the best checkpoint, as transformers.Trainer keeps it (issue 21, point 1) ------------------------------
+
+# Evaluations at the end of each 4-step epoch, after the step's save: the checkpoint of the best step (the first
+# evaluation here) exists before the evaluation that makes it the best.
+_SCORES = {4: 5.0, 8: 3.0, 12: 1.0}
+
+
+def _run_with_best(trainer_cls, out: Path, resume_at: int | None, **flags):
+    """Train 12 steps (``resume_at`` steps, then resume to 12) scoring each evaluation by _SCORES; returns the
+    trainer, the best checkpoint's name, the checkpoints kept, and the best checkpoint each of them names."""
+    from transformers import Trainer, TrainingArguments
+
+    args_cls = TrainingArguments if trainer_cls is Trainer else GaudiTrainingArguments
+    trainers = []
+
+    def score(_):
+        return {"score": _SCORES.get(trainers[-1].state.global_step, 0.0)}
+
+    def make(max_steps):
+        args = args_cls(
+            output_dir=str(out), per_device_train_batch_size=4, learning_rate=1e-3, report_to="none",
+            disable_tqdm=True, logging_steps=1, seed=0, max_steps=max_steps, save_strategy="steps",
+            metric_for_best_model="score", greater_is_better=True, **flags,
+        )  # fmt: skip
+        trainer = trainer_cls(
+            model=tiny.gpt2(), args=args, train_dataset=tiny.lm_data(16), eval_dataset=tiny.lm_data(4),
+            compute_metrics=score, preprocess_logits_for_metrics=lambda logits, labels: logits[..., :1],
+        )  # fmt: skip
+        trainers.append(trainer)
+        return trainer
+
+    if resume_at:
+        make(resume_at).train()
+    trainer = make(12)
+    trainer.train(resume_from_checkpoint=True if resume_at else None)
+    name = lambda path: None if path is None else Path(path).name  # noqa: E731
+    kept = {
+        p.name: name(json.loads((p / "trainer_state.json").read_text())["best_model_checkpoint"])
+        for p in list_checkpoints(out)
+    }
+    return trainer, name(trainer.state.best_model_checkpoint), kept
+
+
+@pytest.mark.parametrize(
+    "flags, resume_at",
+    [
+        (dict(eval_strategy="epoch", save_steps=1, save_total_limit=2), None),
+        (dict(eval_strategy="epoch", save_steps=1, save_total_limit=1), 6),
+        (dict(eval_strategy="epoch", save_steps=2, save_total_limit=2), 6),
+        (dict(eval_strategy="steps", eval_steps=2, save_steps=4, save_total_limit=1, load_best_model_at_end=True), 6),
+    ],
+    ids=["limit2", "limit1-resumed", "save2-limit2-resumed", "load-best-limit1-resumed"],
+)
+def test_the_best_checkpoint_is_found_kept_and_loaded_as_transformers_does(tmp_path, flags, resume_at):
+    from transformers import Trainer
+
+    plain, plain_best, plain_kept = _run_with_best(Trainer, tmp_path / "plain", resume_at, **flags)
+    gaudi, gaudi_best, gaudi_kept = _run_with_best(GaudiTrainer, tmp_path / "gaudi", resume_at, **flags)
+    assert plain_best is not None  # the runs do have a best checkpoint
+    assert (gaudi_best, gaudi_kept) == (plain_best, plain_kept)
+    theirs = plain.model.state_dict()  # with load_best_model_at_end, the best checkpoint's weights
+    for key, ours in gaudi.model.state_dict().items():
+        assert torch.equal(ours, theirs[key]), key
