@@ -432,3 +432,90 @@ def test_the_best_checkpoint_is_found_kept_and_loaded_as_transformers_does(tmp_p
     theirs = plain.model.state_dict()  # with load_best_model_at_end, the best checkpoint's weights
     for key, ours in gaudi.model.state_dict().items():
         assert torch.equal(ours, theirs[key]), key
+
+
+# ---- resume judges the checkpoint by what it holds (issue 21, point 2) --------------------------------------
+
+
+class _Observer(torch.nn.Module):
+    """Grows a buffer while training (as torch.ao observers do) and resizes it when loading."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("data_order", torch.zeros(0, dtype=torch.long))
+        self._register_load_state_dict_pre_hook(self._resize)
+
+    def _resize(self, state_dict, prefix, *args) -> None:
+        saved = state_dict.get(prefix + "data_order")
+        if saved is not None:
+            self.data_order = torch.empty_like(saved)
+
+    def forward(self, x):
+        if self.training:
+            self.data_order = torch.cat([self.data_order, self.data_order.new_tensor([len(self.data_order)])])
+        return x
+
+
+def _observed_gpt2():
+    model = tiny.gpt2()
+    model.transformer.observer = _Observer()
+    model.transformer.wte.register_forward_hook(lambda module, args, out: model.transformer.observer(out))
+    return model
+
+
+def _train_observed(trainer_cls, out: Path, max_steps: int, resume: str | None = None):
+    from transformers import Trainer, TrainingArguments
+
+    args_cls = TrainingArguments if trainer_cls is Trainer else GaudiTrainingArguments
+    args = args_cls(
+        output_dir=str(out), per_device_train_batch_size=4, report_to="none", disable_tqdm=True,
+        max_steps=max_steps, save_strategy="steps", save_steps=3, seed=0,
+    )  # fmt: skip
+    trainer = trainer_cls(model=_observed_gpt2(), args=args, train_dataset=tiny.lm_data())
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+
+def test_a_buffer_that_changes_in_training_does_not_make_another_model(tmp_path):
+    from transformers import Trainer
+
+    for trainer_cls in (Trainer, GaudiTrainer):
+        out = tmp_path / trainer_cls.__name__
+        _train_observed(trainer_cls, out, 3)
+        resumed = _train_observed(trainer_cls, out, 6, str(out / "checkpoint-3"))  # transformers resumes: so do we
+        assert resumed.model.transformer.observer.data_order.tolist() == list(range(6)), trainer_cls
+    other = _observed_gpt2()
+    other.transformer.wpe = torch.nn.Embedding(8, 32)  # a parameter of another shape still decides
+    with pytest.raises(CheckpointError, match="transformer.wpe.weight is 16x32 there and 8x32 here"):
+        check_weights_fit(other, tmp_path / "GaudiTrainer" / "checkpoint-3")
+
+
+@pytest.mark.parametrize("resave", ["sharded", "single-bf16"])
+def test_a_checkpoint_whose_weights_were_saved_again_resumes_with_one_warning(finished_run, tmp_path, resave, caplog):
+    from transformers import GPT2LMHeadModel
+
+    run = _copy_run(finished_run, tmp_path / "run")
+    checkpoint = run / "checkpoint-3"
+    model = GPT2LMHeadModel.from_pretrained(checkpoint)
+    (checkpoint / "model.safetensors").unlink()
+    if resave == "sharded":
+        model.save_pretrained(checkpoint, max_shard_size="20KB")
+        assert (checkpoint / "model.safetensors.index.json").is_file()
+    else:
+        model.to(torch.bfloat16).save_pretrained(checkpoint)  # same name, another size than the manifest's
+    assert checkpoint_problem(checkpoint) is None
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi.checkpoints"):
+        assert resolve_resume(True, run) == str(checkpoint)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "checkpoint-3" in warnings[0] and "saved again" in warnings[0], warnings
+    make_trainer(run, max_steps=4).train(resume_from_checkpoint=True)
+
+    # what is there still has to be complete, and the refusal says what to do
+    shard = sorted(checkpoint.glob("model-*.safetensors")) or [checkpoint / "model.safetensors"]
+    shard[0].write_bytes(shard[0].read_bytes()[:-10])
+    with pytest.raises(CheckpointError, match="is truncated .*; pass a complete checkpoint-N directory"):
+        resolve_resume(str(checkpoint), run)
+    if resave == "sharded":
+        shard[0].unlink()
+        with pytest.raises(CheckpointError, match="which is missing; pass a complete checkpoint-N directory"):
+            resolve_resume(str(checkpoint), run)
