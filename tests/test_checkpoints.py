@@ -519,3 +519,108 @@ def test_a_checkpoint_whose_weights_were_saved_again_resumes_with_one_warning(fi
         shard[0].unlink()
         with pytest.raises(CheckpointError, match="which is missing; pass a complete checkpoint-N directory"):
             resolve_resume(str(checkpoint), run)
+
+
+# ---- a resumed run's state is the uninterrupted run's (issue 21, point 3) -----------------------------------
+
+
+class _StopAt(TrainerCallback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True  # an interruption: the schedule still runs to max_steps
+
+
+def _differences(a, b, path: str = "") -> list[str]:
+    """The paths of the JSON values that differ between ``a`` and ``b``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [path]
+
+
+def _whole_and_resumed(trainer_cls, tmp_path: Path, logging_steps: int) -> tuple[dict, dict]:
+    """trainer_state.json of 8 steps run at once, and of 4 steps then resumed to 8: the last checkpoint's, and
+    the final state (save_state)."""
+    from transformers import Trainer, TrainingArguments
+
+    args_cls = TrainingArguments if trainer_cls is Trainer else GaudiTrainingArguments
+
+    def run(out, callbacks=(), resume=None):
+        args = args_cls(
+            output_dir=str(out), per_device_train_batch_size=4, learning_rate=1e-3, report_to="none",
+            disable_tqdm=True, seed=0, max_steps=8, logging_steps=logging_steps, save_strategy="steps",
+            save_steps=4, eval_strategy="steps", eval_steps=4,
+        )  # fmt: skip
+        trainer = trainer_cls(
+            model=tiny.gpt2(), args=args, train_dataset=tiny.lm_data(), eval_dataset=tiny.lm_data(8),
+            callbacks=list(callbacks),
+        )  # fmt: skip
+        trainer.train(resume_from_checkpoint=resume)
+        if callbacks:
+            return None
+        trainer.save_state()
+        return {
+            "checkpoint-8": json.loads((out / "checkpoint-8" / "trainer_state.json").read_text()),
+            "final": json.loads((out / "trainer_state.json").read_text()),
+        }
+
+    whole = run(tmp_path / trainer_cls.__name__ / "whole")
+    run(tmp_path / trainer_cls.__name__ / "resumed", callbacks=[_StopAt(4)])
+    resumed = run(tmp_path / trainer_cls.__name__ / "resumed", resume=True)
+    return whole, resumed
+
+
+@pytest.mark.parametrize("logging_steps", [2, 3])  # the checkpoint at step 4 on a logging step, or between two
+def test_a_resumed_runs_trainer_state_is_the_uninterrupted_ones_but_for_times(tmp_path, logging_steps):
+    from transformers import Trainer
+
+    from optimum_gaudi.features.metrics import is_measurement_key
+
+    differ = {}
+    for trainer_cls in (Trainer, GaudiTrainer):
+        whole, resumed = _whole_and_resumed(trainer_cls, tmp_path, logging_steps)
+        paths = {f"{name}{path}" for name in whole for path in _differences(whole[name], resumed[name])}
+        differ[trainer_cls] = {
+            "times": sorted({p.rsplit(".", 1)[1] for p in paths if is_measurement_key(p.rsplit(".", 1)[1])}),
+            "other": sorted(p for p in paths if not is_measurement_key(p.rsplit(".", 1)[1])),
+        }
+    print({cls.__name__: found for cls, found in differ.items()})
+    plain, gaudi = differ[Trainer], differ[GaudiTrainer]
+    # transformers.Trainer itself varies the times, and reports the loss of the resumed part alone (train_loss),
+    # of a shorter first logging interval too when the checkpoint falls between two logging steps
+    assert {"eval_runtime", "train_runtime", "train_samples_per_second"} <= set(plain["times"])
+    if logging_steps == 2:  # log_history: losses at 2 and 4, eval, losses at 6 and 8, eval, the train metrics
+        assert plain["other"] == ["final.log_history[6].train_loss"]
+    else:  # loss at 3, eval, loss at 6 (over steps 5 and 6 once resumed), eval, the train metrics
+        assert plain["other"] == [
+            "checkpoint-8.log_history[2].loss", "final.log_history[2].loss", "final.log_history[4].train_loss"
+        ]  # fmt: skip
+    # GaudiTrainer: the times, and what transformers varies in the logs (its train_loss covers the whole run,
+    # the same on a logging step; within a float rounding otherwise, as the loss of that interval differs)
+    if logging_steps == 2:
+        assert gaudi["other"] == []
+    else:
+        assert set(gaudi["other"]) <= set(plain["other"])
+
+
+def test_run_totals_are_saved_beside_the_state_and_older_checkpoints_still_carry_them(finished_run, tmp_path):
+    from optimum_gaudi.trainers.trainer import RUN_TOTALS_FILE, RUN_TOTALS_KEY
+
+    run = _copy_run(finished_run, tmp_path / "run")
+    checkpoint = run / "checkpoint-2"
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert RUN_TOTALS_KEY not in state["stateful_callbacks"]
+    # as older versions wrote it: the totals among the callback states (and no manifest)
+    state["stateful_callbacks"][RUN_TOTALS_KEY] = json.loads((checkpoint / RUN_TOTALS_FILE).read_text())
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    for name in (RUN_TOTALS_FILE, MANIFEST_NAME):
+        (checkpoint / name).unlink()
+    shutil.rmtree(run / "checkpoint-3")
+    output = make_trainer(run, max_steps=4).train(resume_from_checkpoint=True)
+    assert output.metrics["train_throughput_steps"] == 4  # steps 1 and 2 carried over
+    resaved = json.loads((run / "checkpoint-4" / "trainer_state.json").read_text())
+    assert RUN_TOTALS_KEY not in resaved["stateful_callbacks"] and (run / "checkpoint-4" / RUN_TOTALS_FILE).is_file()
