@@ -8,9 +8,11 @@ to ``OUTPUT_DIR/checkpoint-N``: one atomic rename on one file system. A kill at 
 ``checkpoint-N`` or a complete one; staging leftovers are removed by the next save and never resumed from.
 
 A checkpoint directory is *complete* when (see :func:`checkpoint_problem`): every file its manifest lists is
-there with the size written (checkpoints of plain transformers have no manifest: this part is skipped);
-``trainer_state.json`` loads; model weights are there (safetensors checked against their header, torch files
-against their zip directory); no file is empty. Resuming from the newest (``--resume_from_checkpoint true``)
+there with the size written (checkpoints of plain transformers have no manifest: this part is skipped), but for
+the files of the saved model, which a user may save again (in shards, in another dtype) and which are judged by
+what is there, with one warning on resume; ``trainer_state.json`` loads; model weights are there (safetensors
+checked against their header, the shards an index names present and checked, torch files against their zip
+directory); no file is empty. Resuming from the newest (``--resume_from_checkpoint true``)
 skips incomplete ones with one warning, and rotation (``--save_total_limit``) never deletes the newest
 complete checkpoint.
 """
@@ -57,6 +59,10 @@ _WEIGHT_FILES = (
     "pytorch_model.bin.index.json",
 )
 _WEIGHT_PATTERNS = ("global_step*", "pytorch_model_fsdp*", "*/adapter_model.safetensors", "*/adapter_model.bin")
+# What save_pretrained writes. A model saved again into a checkpoint (in shards, in another dtype) replaces these
+# files, so they are judged by what is there (complete weights, a config that reads) and not by the manifest.
+_WEIGHT_NAME = re.compile(r"^(model|pytorch_model|adapter_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?$")
+_MODEL_CONFIGS = ("config.json", "generation_config.json", "adapter_config.json")
 
 
 class CheckpointError(UserError, ValueError):
@@ -125,12 +131,48 @@ def safetensors_shapes(path: str | os.PathLike) -> dict[str, list[int]]:
     return {name: info["shape"] for name, info in header.items() if name != "__metadata__"}
 
 
-def _manifest_problem(directory: Path) -> str | None:
+def _saved_model_file(relative: str) -> bool:
+    name = Path(relative).name
+    return bool(_WEIGHT_NAME.match(name)) or name in _MODEL_CONFIGS
+
+
+def _manifest(directory: Path) -> dict[str, int]:
+    """File -> size as written; ValueError when the manifest is unreadable."""
     try:
         listed = json.loads((directory / MANIFEST_NAME).read_text(encoding="utf-8"))["files"]
     except (OSError, ValueError, KeyError, TypeError):
-        return f"{MANIFEST_NAME} is unreadable"
+        raise ValueError(f"{MANIFEST_NAME} is unreadable") from None
+    if not isinstance(listed, dict):
+        raise ValueError(f"{MANIFEST_NAME} is unreadable")
+    return listed
+
+
+def model_saved_again(checkpoint: str | os.PathLike) -> list[str]:
+    """The files of the saved model (weights, configs) that differ from the checkpoint's manifest: missing, of
+    another size, or new. Empty for a checkpoint without a (readable) manifest."""
+    directory = Path(checkpoint)
+    try:
+        listed = _manifest(directory)
+    except ValueError:
+        return []
+    changed = {
+        relative
+        for relative, size in listed.items()
+        if _saved_model_file(relative)
+        and not ((directory / relative).is_file() and (directory / relative).stat().st_size == size)
+    }
+    changed |= {p.name for p in directory.iterdir() if p.is_file() and _saved_model_file(p.name)} - listed.keys()
+    return sorted(changed)
+
+
+def _manifest_problem(directory: Path) -> str | None:
+    try:
+        listed = _manifest(directory)
+    except ValueError as problem:
+        return str(problem)
     for relative, size in listed.items():
+        if _saved_model_file(relative):
+            continue  # the model may have been saved again; what is there is checked below
         path = directory / relative
         if not path.is_file():
             return f"{relative} is missing"
@@ -223,7 +265,8 @@ def checkpoint_problem(path: str | os.PathLike) -> str | None:
         any(directory.glob(pattern)) for pattern in _WEIGHT_PATTERNS
     )
     if not has_weights:
-        return "holds no model weights"
+        gone = [name for name in model_saved_again(directory) if _WEIGHT_NAME.match(Path(name).name)]
+        return f"holds no model weights ({gone[0]} is missing)" if gone else "holds no model weights"
     missing = _missing_training_state(directory)
     if missing:
         return f"is a saved model, not a checkpoint: it has no {missing}{hint}"
@@ -275,6 +318,7 @@ def resolve_resume(resume: str | bool | None, output_dir: str | os.PathLike) -> 
                 f"--resume_from_checkpoint true: --output_dir {output_dir} holds {what}; "
                 "drop --resume_from_checkpoint to start a new run."
             )
+        _say_model_saved_again(found)
         return str(found)
     problem = checkpoint_problem(resume)
     if problem:
@@ -282,7 +326,19 @@ def resolve_resume(resume: str | bool | None, output_dir: str | os.PathLike) -> 
             f"--resume_from_checkpoint {resume} {problem}; pass a complete checkpoint-N directory, "
             "or 'true' for the newest one in --output_dir."
         )
+    _say_model_saved_again(resume)
     return str(resume)
+
+
+def _say_model_saved_again(checkpoint: str | os.PathLike) -> None:
+    changed = model_saved_again(checkpoint)
+    if changed:
+        logger.warning(
+            "%s: its model was saved again after the checkpoint was written (%s differ from its manifest); "
+            "the weights there are complete: resuming from them.",
+            Path(checkpoint).name,
+            ", ".join(changed),
+        )
 
 
 def _tensor_shapes(path: Path) -> dict[str, list[int]]:
@@ -335,16 +391,21 @@ def _listed(names: list[str]) -> str:
 
 def check_weights_fit(model: Any, checkpoint: str | os.PathLike) -> None:
     """Raise CheckpointError unless the checkpoint holds the weights of ``model``, names and shapes (read from
-    headers): transformers would load another model's weights in part, or fail with a page of traceback."""
+    headers): transformers would load another model's weights in part, or fail with a page of traceback.
+
+    Parameters alone decide: a buffer (a counter, an observer's statistics) may change in training, its shape
+    included, and the module loads it its own way (torch.ao observers resize theirs when loading)."""
     found = None if model is None else saved_weights(checkpoint)
     if found is None:
         return
     file, saved = found
-    expected, aliases = _expected_weights(model, file.startswith("adapter_"))
-    regenerated = set(getattr(model, "_keys_to_ignore_on_save", None) or ())  # never saved (Marian's positions)
-    extra = sorted(saved.keys() - expected.keys() - regenerated)
-    missing = [n for n in expected if not aliases[n] & saved.keys() and n not in regenerated]
-    resized = [n for n in expected if n in saved and expected[n] != list(saved[n])]
+    adapter = file.startswith("adapter_")
+    expected, aliases = _expected_weights(model, adapter)
+    buffers = set() if adapter else {name for name, _ in model.named_buffers(remove_duplicate=False)}
+    ignored = buffers | set(getattr(model, "_keys_to_ignore_on_save", None) or ())  # + never saved (Marian's)
+    extra = sorted(saved.keys() - expected.keys() - ignored)
+    missing = [n for n in expected if not aliases[n] & saved.keys() and n not in ignored]
+    resized = [n for n in expected if n in saved and n not in buffers and expected[n] != list(saved[n])]
     if resized:
         name = resized[0]
         detail = f"{name} is {'x'.join(map(str, saved[name]))} there and {'x'.join(map(str, expected[name]))} here"
@@ -352,7 +413,7 @@ def check_weights_fit(model: Any, checkpoint: str | os.PathLike) -> None:
         detail = f"it has {_listed(extra)} this model lacks" if extra else f"it lacks {_listed(missing)} of this model"
     else:
         return
-    settings = "adapter settings (--lora_rank, ...)" if file.startswith("adapter_") else "model configuration"
+    settings = "adapter settings (--lora_rank, ...)" if adapter else "model configuration"
     raise CheckpointError(
         f"--resume_from_checkpoint {checkpoint} holds another model ({file}): {detail}; "
         f"resume with the {settings} it was trained with."
@@ -478,6 +539,19 @@ def _publish_checkpoint(staged: Path, run_dir: Path, state: Any, limit: int | No
     rotate_checkpoints(run_dir, limit, keep={str(final), state.best_model_checkpoint})
 
 
+def _name_earlier_best(run_dir: Path, state: Any, args: Any) -> None:
+    """Trainer._save_checkpoint names the best checkpoint when ``checkpoint-{best_global_step}`` exists where it
+    saves; it saves into the staging root, where only this step's checkpoint is. A best checkpoint saved
+    earlier (its step saved before the evaluation that made it the best) is looked for in ``run_dir`` here,
+    under the same conditions, so that rotation keeps it and the end of training loads it."""
+    step = getattr(state, "best_global_step", None)
+    if not step or step == state.global_step or args.save_strategy == "no":
+        return
+    earlier = run_dir / f"{PREFIX_CHECKPOINT_DIR}-{step}"
+    if earlier.exists():
+        state.best_model_checkpoint = str(earlier)
+
+
 @contextlib.contextmanager
 def staged_checkpoint(run_dir: str | os.PathLike, state: Any, args: Any, barrier: Callable[[], None]) -> Iterator[Path]:
     """Yield the staging root to write ``checkpoint-{state.global_step}`` into, as if it were ``run_dir``; when
@@ -494,6 +568,7 @@ def staged_checkpoint(run_dir: str | os.PathLike, state: Any, args: Any, barrier
     if saver:
         remove_staging_leftovers(run_dir)
     barrier()
+    _name_earlier_best(run_dir, state, args)
     try:
         with disk_full_is_user_error(run_dir, name):
             yield staging_root

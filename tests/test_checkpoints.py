@@ -367,3 +367,260 @@ def test_ddp_every_rank_writes_into_the_staging_directory_and_one_publishes(tmp_
         assert checkpoint_problem(checkpoint) is None
         manifest = json.loads((checkpoint / MANIFEST_NAME).read_text())["files"]
         assert {"rng_state_0.pth", "rng_state_1.pth", "optimizer.pt", "model.safetensors"} <= set(manifest)
+
+
+# ---- the best checkpoint, as transformers.Trainer keeps it (issue 21, point 1) ------------------------------
+
+# Evaluations at the end of each 4-step epoch, after the step's save: the checkpoint of the best step (the first
+# evaluation here) exists before the evaluation that makes it the best.
+_SCORES = {4: 5.0, 8: 3.0, 12: 1.0}
+
+
+def _run_with_best(trainer_cls, out: Path, resume_at: int | None, **flags):
+    """Train 12 steps (``resume_at`` steps, then resume to 12) scoring each evaluation by _SCORES; returns the
+    trainer, the best checkpoint's name, the checkpoints kept, and the best checkpoint each of them names."""
+    from transformers import Trainer, TrainingArguments
+
+    args_cls = TrainingArguments if trainer_cls is Trainer else GaudiTrainingArguments
+    trainers = []
+
+    def score(_):
+        return {"score": _SCORES.get(trainers[-1].state.global_step, 0.0)}
+
+    def make(max_steps):
+        args = args_cls(
+            output_dir=str(out), per_device_train_batch_size=4, learning_rate=1e-3, report_to="none",
+            disable_tqdm=True, logging_steps=1, seed=0, max_steps=max_steps, save_strategy="steps",
+            metric_for_best_model="score", greater_is_better=True, **flags,
+        )  # fmt: skip
+        trainer = trainer_cls(
+            model=tiny.gpt2(), args=args, train_dataset=tiny.lm_data(16), eval_dataset=tiny.lm_data(4),
+            compute_metrics=score, preprocess_logits_for_metrics=lambda logits, labels: logits[..., :1],
+        )  # fmt: skip
+        trainers.append(trainer)
+        return trainer
+
+    if resume_at:
+        make(resume_at).train()
+    trainer = make(12)
+    trainer.train(resume_from_checkpoint=True if resume_at else None)
+    name = lambda path: None if path is None else Path(path).name  # noqa: E731
+    kept = {
+        p.name: name(json.loads((p / "trainer_state.json").read_text())["best_model_checkpoint"])
+        for p in list_checkpoints(out)
+    }
+    return trainer, name(trainer.state.best_model_checkpoint), kept
+
+
+@pytest.mark.parametrize(
+    "flags, resume_at",
+    [
+        (dict(eval_strategy="epoch", save_steps=1, save_total_limit=2), None),
+        (dict(eval_strategy="epoch", save_steps=1, save_total_limit=1), 6),
+        (dict(eval_strategy="epoch", save_steps=2, save_total_limit=2), 6),
+        (dict(eval_strategy="steps", eval_steps=2, save_steps=4, save_total_limit=1, load_best_model_at_end=True), 6),
+    ],
+    ids=["limit2", "limit1-resumed", "save2-limit2-resumed", "load-best-limit1-resumed"],
+)
+def test_the_best_checkpoint_is_found_kept_and_loaded_as_transformers_does(tmp_path, flags, resume_at):
+    from transformers import Trainer
+
+    plain, plain_best, plain_kept = _run_with_best(Trainer, tmp_path / "plain", resume_at, **flags)
+    gaudi, gaudi_best, gaudi_kept = _run_with_best(GaudiTrainer, tmp_path / "gaudi", resume_at, **flags)
+    assert plain_best is not None  # the runs do have a best checkpoint
+    assert (gaudi_best, gaudi_kept) == (plain_best, plain_kept)
+    theirs = plain.model.state_dict()  # with load_best_model_at_end, the best checkpoint's weights
+    for key, ours in gaudi.model.state_dict().items():
+        assert torch.equal(ours, theirs[key]), key
+
+
+# ---- resume judges the checkpoint by what it holds (issue 21, point 2) --------------------------------------
+
+
+class _Observer(torch.nn.Module):
+    """Grows a buffer while training (as torch.ao observers do) and resizes it when loading."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("data_order", torch.zeros(0, dtype=torch.long))
+        self._register_load_state_dict_pre_hook(self._resize)
+
+    def _resize(self, state_dict, prefix, *args) -> None:
+        saved = state_dict.get(prefix + "data_order")
+        if saved is not None:
+            self.data_order = torch.empty_like(saved)
+
+    def forward(self, x):
+        if self.training:
+            self.data_order = torch.cat([self.data_order, self.data_order.new_tensor([len(self.data_order)])])
+        return x
+
+
+def _observed_gpt2():
+    model = tiny.gpt2()
+    model.transformer.observer = _Observer()
+    model.transformer.wte.register_forward_hook(lambda module, args, out: model.transformer.observer(out))
+    return model
+
+
+def _train_observed(trainer_cls, out: Path, max_steps: int, resume: str | None = None):
+    from transformers import Trainer, TrainingArguments
+
+    args_cls = TrainingArguments if trainer_cls is Trainer else GaudiTrainingArguments
+    args = args_cls(
+        output_dir=str(out), per_device_train_batch_size=4, report_to="none", disable_tqdm=True,
+        max_steps=max_steps, save_strategy="steps", save_steps=3, seed=0,
+    )  # fmt: skip
+    trainer = trainer_cls(model=_observed_gpt2(), args=args, train_dataset=tiny.lm_data())
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+
+def test_a_buffer_that_changes_in_training_does_not_make_another_model(tmp_path):
+    from transformers import Trainer
+
+    for trainer_cls in (Trainer, GaudiTrainer):
+        out = tmp_path / trainer_cls.__name__
+        _train_observed(trainer_cls, out, 3)
+        resumed = _train_observed(trainer_cls, out, 6, str(out / "checkpoint-3"))  # transformers resumes: so do we
+        assert resumed.model.transformer.observer.data_order.tolist() == list(range(6)), trainer_cls
+    other = _observed_gpt2()
+    other.transformer.wpe = torch.nn.Embedding(8, 32)  # a parameter of another shape still decides
+    with pytest.raises(CheckpointError, match="transformer.wpe.weight is 16x32 there and 8x32 here"):
+        check_weights_fit(other, tmp_path / "GaudiTrainer" / "checkpoint-3")
+
+
+@pytest.mark.parametrize("resave", ["sharded", "single-bf16"])
+def test_a_checkpoint_whose_weights_were_saved_again_resumes_with_one_warning(finished_run, tmp_path, resave, caplog):
+    from transformers import GPT2LMHeadModel
+
+    run = _copy_run(finished_run, tmp_path / "run")
+    checkpoint = run / "checkpoint-3"
+    model = GPT2LMHeadModel.from_pretrained(checkpoint)
+    (checkpoint / "model.safetensors").unlink()
+    if resave == "sharded":
+        model.save_pretrained(checkpoint, max_shard_size="20KB")
+        assert (checkpoint / "model.safetensors.index.json").is_file()
+    else:
+        model.to(torch.bfloat16).save_pretrained(checkpoint)  # same name, another size than the manifest's
+    assert checkpoint_problem(checkpoint) is None
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi.checkpoints"):
+        assert resolve_resume(True, run) == str(checkpoint)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "checkpoint-3" in warnings[0] and "saved again" in warnings[0], warnings
+    make_trainer(run, max_steps=4).train(resume_from_checkpoint=True)
+
+    # what is there still has to be complete, and the refusal says what to do
+    shard = sorted(checkpoint.glob("model-*.safetensors")) or [checkpoint / "model.safetensors"]
+    shard[0].write_bytes(shard[0].read_bytes()[:-10])
+    with pytest.raises(CheckpointError, match="is truncated .*; pass a complete checkpoint-N directory"):
+        resolve_resume(str(checkpoint), run)
+    if resave == "sharded":
+        shard[0].unlink()
+        with pytest.raises(CheckpointError, match="which is missing; pass a complete checkpoint-N directory"):
+            resolve_resume(str(checkpoint), run)
+
+
+# ---- a resumed run's state is the uninterrupted run's (issue 21, point 3) -----------------------------------
+
+
+class _StopAt(TrainerCallback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True  # an interruption: the schedule still runs to max_steps
+
+
+def _differences(a, b, path: str = "") -> list[str]:
+    """The paths of the JSON values that differ between ``a`` and ``b``."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [path]
+
+
+def _whole_and_resumed(trainer_cls, tmp_path: Path, logging_steps: int) -> tuple[dict, dict]:
+    """trainer_state.json of 8 steps run at once, and of 4 steps then resumed to 8: the last checkpoint's, and
+    the final state (save_state)."""
+    from transformers import Trainer, TrainingArguments
+
+    args_cls = TrainingArguments if trainer_cls is Trainer else GaudiTrainingArguments
+
+    def run(out, callbacks=(), resume=None):
+        args = args_cls(
+            output_dir=str(out), per_device_train_batch_size=4, learning_rate=1e-3, report_to="none",
+            disable_tqdm=True, seed=0, max_steps=8, logging_steps=logging_steps, save_strategy="steps",
+            save_steps=4, eval_strategy="steps", eval_steps=4,
+        )  # fmt: skip
+        trainer = trainer_cls(
+            model=tiny.gpt2(), args=args, train_dataset=tiny.lm_data(), eval_dataset=tiny.lm_data(8),
+            callbacks=list(callbacks),
+        )  # fmt: skip
+        trainer.train(resume_from_checkpoint=resume)
+        if callbacks:
+            return None
+        trainer.save_state()
+        return {
+            "checkpoint-8": json.loads((out / "checkpoint-8" / "trainer_state.json").read_text()),
+            "final": json.loads((out / "trainer_state.json").read_text()),
+        }
+
+    whole = run(tmp_path / trainer_cls.__name__ / "whole")
+    run(tmp_path / trainer_cls.__name__ / "resumed", callbacks=[_StopAt(4)])
+    resumed = run(tmp_path / trainer_cls.__name__ / "resumed", resume=True)
+    return whole, resumed
+
+
+@pytest.mark.parametrize("logging_steps", [2, 3])  # the checkpoint at step 4 on a logging step, or between two
+def test_a_resumed_runs_trainer_state_is_the_uninterrupted_ones_but_for_times(tmp_path, logging_steps):
+    from transformers import Trainer
+
+    from optimum_gaudi.features.metrics import is_measurement_key
+
+    differ = {}
+    for trainer_cls in (Trainer, GaudiTrainer):
+        whole, resumed = _whole_and_resumed(trainer_cls, tmp_path, logging_steps)
+        paths = {f"{name}{path}" for name in whole for path in _differences(whole[name], resumed[name])}
+        differ[trainer_cls] = {
+            "times": sorted({p.rsplit(".", 1)[1] for p in paths if is_measurement_key(p.rsplit(".", 1)[1])}),
+            "other": sorted(p for p in paths if not is_measurement_key(p.rsplit(".", 1)[1])),
+        }
+    print({cls.__name__: found for cls, found in differ.items()})
+    plain, gaudi = differ[Trainer], differ[GaudiTrainer]
+    # transformers.Trainer itself varies the times, and reports the loss of the resumed part alone (train_loss),
+    # of a shorter first logging interval too when the checkpoint falls between two logging steps
+    assert {"eval_runtime", "train_runtime", "train_samples_per_second"} <= set(plain["times"])
+    if logging_steps == 2:  # log_history: losses at 2 and 4, eval, losses at 6 and 8, eval, the train metrics
+        assert plain["other"] == ["final.log_history[6].train_loss"]
+    else:  # loss at 3, eval, loss at 6 (over steps 5 and 6 once resumed), eval, the train metrics
+        assert plain["other"] == [
+            "checkpoint-8.log_history[2].loss", "final.log_history[2].loss", "final.log_history[4].train_loss"
+        ]  # fmt: skip
+    # GaudiTrainer: the times, and what transformers varies in the logs (its train_loss covers the whole run,
+    # the same on a logging step; within a float rounding otherwise, as the loss of that interval differs)
+    if logging_steps == 2:
+        assert gaudi["other"] == []
+    else:
+        assert set(gaudi["other"]) <= set(plain["other"])
+
+
+def test_run_totals_are_saved_beside_the_state_and_older_checkpoints_still_carry_them(finished_run, tmp_path):
+    from optimum_gaudi.trainers.trainer import RUN_TOTALS_FILE, RUN_TOTALS_KEY
+
+    run = _copy_run(finished_run, tmp_path / "run")
+    checkpoint = run / "checkpoint-2"
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert RUN_TOTALS_KEY not in state["stateful_callbacks"]
+    # as older versions wrote it: the totals among the callback states (and no manifest)
+    state["stateful_callbacks"][RUN_TOTALS_KEY] = json.loads((checkpoint / RUN_TOTALS_FILE).read_text())
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    for name in (RUN_TOTALS_FILE, MANIFEST_NAME):
+        (checkpoint / name).unlink()
+    shutil.rmtree(run / "checkpoint-3")
+    output = make_trainer(run, max_steps=4).train(resume_from_checkpoint=True)
+    assert output.metrics["train_throughput_steps"] == 4  # steps 1 and 2 carried over
+    resaved = json.loads((run / "checkpoint-4" / "trainer_state.json").read_text())
+    assert RUN_TOTALS_KEY not in resaved["stateful_callbacks"] and (run / "checkpoint-4" / RUN_TOTALS_FILE).is_file()

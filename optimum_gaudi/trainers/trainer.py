@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import json
 import logging
 import os
 import time
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_pt_utils import find_batch_size
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..checkpoints import (
     check_weights_fit,
@@ -40,7 +42,7 @@ from ..features.static_batches import StaticRows
 from ..features.table import feature_table
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .events import InternalCallbackHandler
-from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin
+from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin, check_report_to
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +50,11 @@ logger = logging.getLogger(__name__)
 _ADAMW_OPTIMIZERS = {"adamw_torch", "adamw_torch_fused"}
 
 
-# Entry of TrainerState.stateful_callbacks (saved in every checkpoint) with the run's totals so far, so a
-# resumed run reports train_loss and throughput over the whole run, as the uninterrupted run would.
+# The run's totals so far (loss sum, throughput clock), saved beside the trainer state in every checkpoint, so a
+# resumed run reports train_loss and throughput over the whole run, as the uninterrupted run would. They are
+# not trainer state: seconds and a float sum would make a resumed run's state differ from the uninterrupted one's.
+RUN_TOTALS_FILE = "gaudi_run_totals.json"
+# Where older checkpoints keep them: an entry of TrainerState.stateful_callbacks (still read when resuming).
 RUN_TOTALS_KEY = "GaudiRunTotals"
 
 
@@ -214,6 +219,10 @@ class GaudiTrainerMixin(TrainerShims):
             return None
         label_names = sorted({*self.label_names, "labels", "label", "label_ids"})
         return StaticRows(label_names, labels_into_forward=not args.use_hpu_graphs_for_training)
+
+    def create_accelerator_and_postprocess(self) -> None:
+        check_report_to(self.args)  # where transformers fails for it, early in Trainer.__init__ (every release)
+        super().create_accelerator_and_postprocess()
 
     def _build_accelerator_args(self, **kwargs) -> dict[str, Any]:
         accelerator_args = super()._build_accelerator_args(**kwargs)
@@ -434,6 +443,7 @@ class GaudiTrainerMixin(TrainerShims):
         """Resumes only from a complete checkpoint that fits the model (``True``: the newest complete one); with
         ``overwrite_output_dir`` and no resume, first deletes the checkpoints of the previous run."""
         checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
+        self._resumed_from = checkpoint
         if checkpoint is not None:
             check_weights_fit(self.model, checkpoint)
             warn_if_pickles_are_unsafe_here(checkpoint)
@@ -458,6 +468,10 @@ class GaudiTrainerMixin(TrainerShims):
                 super()._save_checkpoint(model, trial)
             finally:
                 self._staging_root = None
+            saved = staging / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            totals = getattr(self, "_run_totals", None)
+            if self.args.should_save and totals is not None and saved.is_dir():
+                (saved / RUN_TOTALS_FILE).write_text(json.dumps(totals, indent=1), encoding="utf-8")
 
     # ---- logging ------------------------------------------------------------------------------------
 
@@ -480,7 +494,12 @@ class GaudiTrainerMixin(TrainerShims):
 
     def _run_totals_begin(self) -> None:
         """At train begin (after the loop reset its counters): pick up the totals a resumed checkpoint holds."""
-        carried = self.state.stateful_callbacks.get(RUN_TOTALS_KEY) or {}
+        self._run_totals = None
+        carried = self.state.stateful_callbacks.pop(RUN_TOTALS_KEY, None) or {}  # an older checkpoint's
+        resumed = getattr(self, "_resumed_from", None)
+        if resumed is not None and os.path.isfile(os.path.join(resumed, RUN_TOTALS_FILE)):
+            with open(os.path.join(resumed, RUN_TOTALS_FILE), encoding="utf-8") as f:
+                carried = json.load(f)
         self._throughput.train_begin(self.state.global_step, carried.get("throughput"))
         self._run_first_step = carried.get("first_step", self.state.global_step)
         if carried:  # transformers' train_loss = _total_loss_scalar / (global_step - _initial_global_step)
@@ -488,8 +507,9 @@ class GaudiTrainerMixin(TrainerShims):
             self._initial_global_step = self._run_first_step
 
     def _load_callback_state(self) -> None:
-        """--restore_callback_states_from_checkpoint: our totals are no callback's state; keep them out of
-        transformers' matching, which would warn that a checkpoint callback is missing."""
+        """--restore_callback_states_from_checkpoint: the totals an older checkpoint keeps among the callback states
+        are no callback's state; keep them out of transformers' matching, which would warn that a checkpoint
+        callback is missing."""
         carried = self.state.stateful_callbacks.pop(RUN_TOTALS_KEY, None)
         try:
             super()._load_callback_state()
@@ -498,7 +518,7 @@ class GaudiTrainerMixin(TrainerShims):
                 self.state.stateful_callbacks[RUN_TOTALS_KEY] = carried
 
     def _run_totals_snapshot(self, control, logged: bool = False) -> None:
-        """Before a possible checkpoint: store the totals so far in the state it saves.
+        """Before a possible checkpoint: note the totals so far, which _save_checkpoint saves beside the state.
 
         Called at each step end and again from log(), which runs before the save of a logging step. The loss
         not yet logged lives in ``_tr_loss`` from transformers 5 on; older releases keep it in a local, so
@@ -511,7 +531,7 @@ class GaudiTrainerMixin(TrainerShims):
         if tr_loss is None and not logged:
             return
         pending = 0.0 if tr_loss is None else nested_gather(tr_loss, self.args.parallel_mode).mean().item()
-        self.state.stateful_callbacks[RUN_TOTALS_KEY] = {
+        self._run_totals = {
             "first_step": self._run_first_step,
             "loss_sum": self._total_loss_scalar + pending,
             "throughput": self._throughput.totals(self.state.global_step),
