@@ -67,6 +67,17 @@ def trace_path(output_dir: str | os.PathLike, rank: int, loop: str | None = None
     return Path(output_dir) / f"{stem}.pt.trace.json"
 
 
+def _trace_settings(args: Any) -> dict[str, Any]:
+    """What the training and the evaluation profiler both take from the arguments: what to record, where."""
+    return dict(
+        record_shapes=args.profiling_record_shapes,
+        with_stack=args.profiling_with_stack,
+        output_dir=Path(args.output_dir),
+        rank=args.process_index,
+        activities=args.gaudi_device.profiler_activities(),
+    )
+
+
 class GaudiProfilerCallback(TrainerCallback):
     """Profile optimizer steps ``warmup_steps + 1`` to ``warmup_steps + active_steps`` (1-based) with torch.profiler.
 
@@ -111,11 +122,7 @@ class GaudiProfilerCallback(TrainerCallback):
         return cls(
             warmup_steps=args.profiling_warmup_steps,
             active_steps=args.profiling_steps,
-            record_shapes=args.profiling_record_shapes,
-            with_stack=args.profiling_with_stack,
-            output_dir=Path(args.output_dir),
-            rank=args.process_index,
-            activities=args.gaudi_device.profiler_activities(),
+            **_trace_settings(args),
         )
 
     @property
@@ -228,11 +235,7 @@ class EvaluationProfiler:
         return cls(
             warmup_batches=args.profiling_warmup_steps_eval,
             active_batches=args.profiling_steps_eval,
-            record_shapes=args.profiling_record_shapes,
-            with_stack=args.profiling_with_stack,
-            output_dir=Path(args.output_dir),
-            rank=args.process_index,
-            activities=args.gaudi_device.profiler_activities(),
+            **_trace_settings(args),
         )
 
     @contextlib.contextmanager
