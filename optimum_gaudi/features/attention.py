@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 ATTENTION_NAME = "gaudi_fused_sdpa"
 
@@ -102,8 +103,6 @@ def fused_sdpa_attention(
     """transformers' attention signature: q [B, H, T, D], k/v [B, Hkv, S, D] (grouped heads not repeated: the
     fused kernel takes them as they are); returns [B, T, H, D]."""
     if _kernel is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
