@@ -176,3 +176,37 @@ def test_deepspeed_config_path_must_exist(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object())
     with pytest.raises(GaudiArgumentError, match="no such file"):
         make(tmp_path, deepspeed=str(tmp_path / "nope.json"))
+
+
+@pytest.mark.parametrize(
+    "integration, words",
+    [
+        ("tensorboard", "--report_to tensorboard needs tensorboard, which is not installed: pip install "
+         "'optimum-gaudi[tensorboard]' (or: pip install tensorboard)."),
+        ("nosuch", "--report_to nosuch is not an integration transformers knows; use one of "),
+    ],
+    ids=["not-installed", "unknown"],
+)  # fmt: skip
+def test_report_to_what_is_not_here_fails_where_transformers_does(tmp_path, monkeypatch, integration, words):
+    """transformers lets such arguments exist (they build and serialize) and fails when the trainer is built;
+    so do we, with one line."""
+    import json
+
+    import tiny
+    import transformers.integrations
+    from transformers import Trainer
+
+    from optimum_gaudi import GaudiTrainer
+
+    available = [n for n in transformers.integrations.get_available_reporting_integrations() if n != "tensorboard"]
+    monkeypatch.setattr(transformers.integrations, "get_available_reporting_integrations", lambda: available)
+    args = GaudiTrainingArguments(output_dir=str(tmp_path / "run"), report_to=[integration])
+    assert json.loads(args.to_json_string())["report_to"] == [integration]
+    with pytest.raises(GaudiArgumentError) as refused:
+        GaudiTrainer(model=tiny.gpt2(), args=args, train_dataset=tiny.lm_data())
+    assert str(refused.value).startswith(words) and "\n" not in str(refused.value)
+    assert not (tmp_path / "run").exists()
+    if integration not in transformers.integrations.integration_utils.get_available_reporting_integrations():
+        plain = TrainingArguments(output_dir=str(tmp_path / "plain"), report_to=[integration])
+        with pytest.raises((RuntimeError, ValueError)):  # transformers' own failure, at the same point
+            Trainer(model=tiny.gpt2(), args=plain, train_dataset=tiny.lm_data())

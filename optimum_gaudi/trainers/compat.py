@@ -23,6 +23,7 @@ from transformers import Trainer
 # The Trainer methods GaudiTrainerMixin overrides (docs/architecture.md says which feature uses which).
 TRAINER_HOOKS = (
     "_build_accelerator_args",
+    "create_accelerator_and_postprocess",  # --report_to checked when the trainer is built
     "_wrap_model",
     "autocast_smart_context_manager",
     "compute_loss_context_manager",

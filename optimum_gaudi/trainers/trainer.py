@@ -33,7 +33,7 @@ from ..features.static_batches import StaticRows
 from ..features.table import feature_table
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .events import InternalCallbackHandler
-from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin
+from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin, check_report_to
 
 logger = logging.getLogger(__name__)
 
@@ -186,6 +186,10 @@ class GaudiTrainerMixin(TrainerShims):
             return None
         label_names = sorted({*self.label_names, "labels", "label", "label_ids"})
         return StaticRows(label_names, labels_into_forward=not args.use_hpu_graphs_for_training)
+
+    def create_accelerator_and_postprocess(self) -> None:
+        check_report_to(self.args)  # where transformers fails for it, early in Trainer.__init__ (every release)
+        super().create_accelerator_and_postprocess()
 
     def _build_accelerator_args(self, **kwargs) -> dict[str, Any]:
         accelerator_args = super()._build_accelerator_args(**kwargs)

@@ -317,6 +317,12 @@ def _check_standard_flags(args: TrainingArguments) -> None:
             raise GaudiArgumentError(f"--{name} must be {bounds}, got {value}.")
     if args.do_train and args.max_steps <= 0 and args.num_train_epochs <= 0:
         raise GaudiArgumentError("nothing to train: give --max_steps > 0 or --num_train_epochs > 0.")
+
+
+def check_report_to(args: TrainingArguments) -> None:
+    """One line for a --report_to integration that is unknown or not installed, raised when the trainer is built:
+    transformers lets such arguments exist (they serialize, a script may only read them) and fails there, with
+    a traceback."""
     requested = [args.report_to] if isinstance(args.report_to, str) else list(args.report_to or [])
     requested = [name.strip() for name in requested if name.strip() not in ("all", "none")]
     if not requested:
