@@ -649,11 +649,13 @@ class OutputDirGuard(TrainerCallback):
     """Leaves ``--output_dir`` as it was when a run fails before training begins, so a bad input never leaves a
     half-filled directory behind. Use it as a context manager around building the trainer and training, and
     add it to the trainer's callbacks: from ``on_train_begin`` on, what is written is the run's own (complete
-    checkpoints, logs) and is kept."""
+    checkpoints, logs) and is kept; a directory the run made and left empty (its first save failed, a full
+    disk) still goes."""
 
     def __init__(self, output_dir: str | os.PathLike, enabled: bool = True) -> None:
         self.output_dir = Path(output_dir).expanduser()
         self.enabled = enabled
+        self._restores = enabled  # the process that saves restores the directory; the others leave it
         self._before: set[str] | None = None
         self._existed = False
 
@@ -666,14 +668,15 @@ class OutputDirGuard(TrainerCallback):
         self.enabled = False
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None or not self.enabled or not self.output_dir.is_dir():
+        if exc_type is None or not self._restores or not self.output_dir.is_dir():
             return
-        for name in set(os.listdir(self.output_dir)) - (self._before or set()):
-            path = self.output_dir / name
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        if self.enabled:
+            for name in set(os.listdir(self.output_dir)) - (self._before or set()):
+                path = self.output_dir / name
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
         if not self._existed:
             with contextlib.suppress(OSError):
-                self.output_dir.rmdir()
+                self.output_dir.rmdir()  # only if empty: nothing of the run is lost
 
 
 # weights_only's unpickler itself could be bypassed up to this torch release (CVE-2026-24747; docs/security.md)

@@ -709,6 +709,29 @@ def test_disk_full_while_saving_a_checkpoint_leaves_no_half_checkpoint(ws, capsy
     assert run_clm_checkpoints().checkpoint_problem(ws.out / "checkpoint-1") is None
 
 
+@pytest.mark.parametrize("existed", [False, True])
+def test_disk_full_at_the_first_save_leaves_the_output_dir_as_it_was(ws, capsys, monkeypatch, existed):
+    """The first checkpoint's optimizer file fails with ENOSPC: nothing of the run is left to keep, so the
+    --output_dir that training made goes again (an empty one that was there before stays)."""
+    import torch
+
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if str(f).endswith("optimizer.pt"):
+            Path(f).write_bytes(b"PK\x03\x04 half")
+            raise OSError(errno.ENOSPC, "No space left on device", str(f))
+        return real_save(obj, f, *args, **kwargs)
+
+    if existed:
+        ws.out.mkdir()
+    monkeypatch.setattr(torch, "save", save)
+    argv = [*ws.base, "--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1"]
+    line = assert_one_line(call_main(run_clm.main, argv), capsys.readouterr().err, "no space left")
+    assert "checkpoint-1" in line
+    assert snapshot(ws.out) == ({} if existed else None)
+
+
 def test_the_embedded_corpus_cannot_be_split_at_0_percent(ws, capsys):
     argv = [*without(ws.base, "--train_file", "--tokenizer_name"), "--validation_split_percentage", "0"]
     assert_one_line(call_main(run_clm.main, argv), capsys.readouterr().err, "needs --validation_split_percentage > 0")

@@ -185,6 +185,7 @@ def test_deepspeed_config_path_must_exist(tmp_path, monkeypatch):
          "'optimum-gaudi[tensorboard]' (or: pip install tensorboard)."),
         ("nosuch", "--report_to nosuch is not an integration transformers knows; use one of "),
     ],
+    ids=["not-installed", "unknown"],
 )  # fmt: skip
 def test_report_to_what_is_not_here_fails_where_transformers_does(tmp_path, monkeypatch, integration, words):
     """transformers lets such arguments exist (they build and serialize) and fails when the trainer is built;
