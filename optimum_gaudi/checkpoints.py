@@ -304,9 +304,30 @@ def resume_arg(value: str | bool | None) -> str | bool | None:
     return value
 
 
+# Set by torchrun's elastic agent in each worker: how many times the job was restarted after a rank died.
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+
+
+def restart_count() -> int:
+    """How many times ``optimum-gaudi launch --max_restarts`` has restarted this job (0: the first attempt)."""
+    try:
+        return max(int(os.environ.get(RESTART_COUNT_ENV, "0")), 0)
+    except ValueError:
+        return 0
+
+
 def resolve_resume(resume: str | bool | None, output_dir: str | os.PathLike) -> str | None:
-    """The checkpoint directory to resume from, checked complete; raise CheckpointError with the reason."""
+    """The checkpoint directory to resume from, checked complete; raise CheckpointError with the reason.
+
+    In a job restarted after a rank died, the newest complete checkpoint in ``output_dir`` (the job's own
+    progress) wins over the command line's choice, which only held for the first attempt."""
     resume = resume_arg(resume)
+    restarts = restart_count()
+    if restarts:
+        found = latest_complete_checkpoint(output_dir)
+        if found is not None:
+            logger.warning("Restart %d of this job: resuming from %s.", restarts, found)
+            return str(found)
     if resume is None or resume is False:
         return None
     if resume is True:
@@ -616,6 +637,8 @@ def check_output_dir(args: Any) -> None:
             f"--output_dir {out}: the disk is full ({free // 1024} KiB free); free some space or choose another."
         )
     if not getattr(args, "do_train", True) or resume_arg(getattr(args, "resume_from_checkpoint", None)) is not None:
+        return
+    if restart_count():  # a job restarted after a rank died: these checkpoints are its own, it resumes them
         return
     if getattr(args, "overwrite_output_dir", False):
         return

@@ -155,12 +155,34 @@ def test_python_dash_m_launch_refuses_with_exit_code_2_and_one_line():
 
 def test_one_node_defaults(capsys):
     command = dry_run(capsys)
-    assert command[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert command[:3] == [sys.executable, "-m", "optimum_gaudi.distributed.torchrun"]  # torchrun, no traceback
     options = ("--nnodes", "--nproc_per_node", "--node_rank", "--master_addr")
     assert [value(command, o) for o in options] == ["1", "1", "0", "127.0.0.1"]
     assert 1 <= int(value(command, "--master_port")) <= 65535  # a free one, chosen for this run
     assert value(command, "--max_restarts") == "0" and value(command, "--rdzv_backend") == "static"
     assert command[-3:] == [str(ALLREDUCE), "--output_dir", "out"]
+
+
+def test_max_restarts_uses_a_rendezvous_that_can_run_again(capsys):
+    command = dry_run(capsys, "--max_restarts", "3")
+    assert value(command, "--max_restarts") == "3" and value(command, "--rdzv_backend") == "c10d"
+    assert value(command, "--rdzv_endpoint").startswith("127.0.0.1:")
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--use_mpi", "--max_restarts", "1"], "--max_restarts needs torchrun's elastic agent: drop --use_mpi"),
+        (["--max_restarts", "-1"], "--max_restarts must be >= 0, got -1"),
+        (["--use_deepspeed", "--grace_period", "60"], "--grace_period is torchrun's stop timeout"),
+        (["--grace_period", "0"], "--grace_period must be >= 1, got 0"),
+    ],
+)
+def test_restart_and_grace_settings_that_cannot_work_are_refused(monkeypatch, capsys, nothing_starts, flags, message):
+    monkeypatch.setattr(launch_plan.shutil, "which", lambda *a, **k: "/usr/bin/mpirun")
+    monkeypatch.setattr(launch_plan, "_deepspeed_executable", lambda env: "deepspeed")
+    assert main(["launch", *flags, str(ALLREDUCE)]) != 0
+    assert message in one_error_line(capsys.readouterr().err)
 
 
 def test_environment_fills_what_the_flags_leave_out(monkeypatch, capsys):
@@ -555,3 +577,69 @@ def test_deepspeed_over_ssh_gets_the_bridge_environment_through_a_private_env_fi
     forwarded = dict(line.split("=", 1) for line in lines)
     assert forwarded["PT_HPU_LAZY_MODE"] == "1" and forwarded["HABANA_VISIBLE_MODULES"] == "0,1"
     assert {BF16_LIST_ENV, FP32_LIST_ENV} <= set(forwarded)
+
+
+# ---- a dead rank: torchrun's elastic agent restarts the job, which resumes on its own (issue 21, point 6) -------
+
+RESTARTABLE = SCRIPTS / "train_restartable.py"
+_TRAIN_FLAGS = (
+    "--max_steps", "8", "--save_strategy", "steps", "--save_steps", "2", "--logging_steps", "1",
+    "--per_device_train_batch_size", "4", "--report_to", "none", "--disable_tqdm", "true",
+)  # fmt: skip
+
+
+def _launch_training(tmp_path, *launcher_flags: str, results: Path, die_at: int, output_dir: Path, extra=()):
+    return subprocess.run(
+        launch_command("--world_size", "2", *launcher_flags, str(RESTARTABLE), str(results), str(die_at))
+        + ["--output_dir", str(output_dir), *_TRAIN_FLAGS, *extra],
+        capture_output=True,
+        text=True,
+        env=job_environment(),
+        cwd=tmp_path,
+        timeout=240,
+    )
+
+
+def test_max_restarts_resumes_after_a_rank_dies_as_a_hand_resumed_run_would(tmp_path):
+    import safetensors.torch
+    import torch
+
+    elastic, by_hand = tmp_path / "elastic", tmp_path / "by_hand"
+    elastic.mkdir()
+    by_hand.mkdir()
+    # rank 1 is killed (SIGKILL) when step 5 ends; checkpoints every 2 steps: the job restarts from checkpoint-4
+    result = _launch_training(tmp_path, "--max_restarts", "1", results=elastic, die_at=5, output_dir=elastic / "run")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "Restart 1 of this job: resuming from" in result.stderr
+    restarted = json.loads((elastic / "result-1.json").read_text())
+    assert restarted["resumed_from"] == str(elastic / "run" / "checkpoint-4")
+    assert restarted["global_step"] == 8
+    assert not (elastic / "result-0.json").exists()  # the first attempt never finished
+
+    shutil.copytree(elastic / "run" / "checkpoint-4", by_hand / "run" / "checkpoint-4")
+    result = _launch_training(
+        tmp_path, results=by_hand, die_at=0, output_dir=by_hand / "run", extra=("--resume_from_checkpoint", "true")
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    resumed = json.loads((by_hand / "result-0.json").read_text())
+    assert resumed["losses"] == restarted["losses"]
+    a = safetensors.torch.load_file(elastic / "weights-1.safetensors")
+    b = safetensors.torch.load_file(by_hand / "weights-0.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_failed_rank_ends_in_the_launchers_line_without_torchruns_traceback(tmp_path):
+    result = subprocess.run(
+        launch_command("--world_size", "2", str(FAULT), "raise", str(tmp_path)),
+        capture_output=True,
+        text=True,
+        env=job_environment(),
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "RuntimeError: rank 1 fails on purpose" in result.stderr  # the rank's own error stays
+    assert "ChildFailedError" not in result.stderr and "Root Cause" not in result.stderr
+    assert result.stderr.rstrip().splitlines()[-1] == (
+        "error: rank 1 (local rank 1 on node 0) exited with code 1; torchrun stopped the other ranks of this node"
+    )

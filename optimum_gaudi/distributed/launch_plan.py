@@ -6,7 +6,8 @@
     optimum-gaudi launch --world_size 8 --use_mpi run_clm.py ARGS...
 
 By default the processes are started by torchrun (``python -m torch.distributed.run``, static rendezvous at
-MASTER_ADDR:MASTER_PORT, no restarts); ``--use_deepspeed`` starts them with DeepSpeed's ``deepspeed`` launcher
+MASTER_ADDR:MASTER_PORT, no restarts; with ``--max_restarts N`` torchrun's c10d rendezvous there, which can meet
+again: the job restarts after a dead rank and resumes from its newest complete checkpoint); ``--use_deepspeed`` starts them with DeepSpeed's ``deepspeed`` launcher
 and ``--use_mpi`` with Open MPI's ``mpirun``. Each process gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT in its environment, which is all ``transformers.Trainer`` needs.
 
@@ -32,7 +33,8 @@ over gloo; a collective over HCCL or NCCL may wait instead, so the launchers of 
 rendezvous store and stop their ranks when it has stopped answering for about 20 s. Node 0 cannot tell that
 another node went: there the process group's timeout ends the wait (transformers: ``--ddp_timeout``).
 SIGINT, SIGTERM and SIGHUP are passed on to the job (unless the launcher was started ignoring them, as nohup
-does); a second one kills it. Whatever is left of the job when the launcher exits is killed.
+does); its ranks get ``--grace_period`` seconds to finish their step and checkpoint, then are killed; a second
+signal kills them at once. Whatever is left of the job when the launcher exits is killed.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from ..configuration.op_lists import LIST_FILES_ENV
 from ..errors import UserError
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's and DeepSpeed's default, used when the nodes must agree on one
+DEFAULT_GRACE_PERIOD = 30  # torchrun's own wait between passing SIGTERM on to its workers and killing them
 
 DEEPSPEED_INSTALL = (
     "pip install deepspeed (on Gaudi, Habana's fork: pip install git+https://github.com/HabanaAI/DeepSpeed.git@<release>,"
@@ -115,6 +118,8 @@ class LaunchPlan:
     hostfile: str | None = None
     per_node: bool = True  # False: deepspeed / mpirun start every host of the hostfile from this one
     executable: str | None = None  # the deepspeed or mpirun program
+    max_restarts: int = 0
+    grace_period: int = DEFAULT_GRACE_PERIOD  # seconds the ranks get after a stop signal
 
     @property
     def world_size(self) -> int:
@@ -154,6 +159,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--use_deepspeed", action="store_true", help="start the processes with DeepSpeed's launcher")
     parser.add_argument("--use_mpi", action="store_true", help="start the processes with Open MPI's mpirun")
+    parser.add_argument(
+        "--max_restarts",
+        metavar="N",
+        help="torchrun only: when a rank dies, restart the job up to N times; each restart resumes from the newest "
+        "complete checkpoint in --output_dir (default 0: a failed rank ends the job)",
+    )
+    parser.add_argument(
+        "--grace_period",
+        metavar="SECONDS",
+        help=f"after SIGTERM/SIGINT, how long the ranks get to finish their step and checkpoint before they are "
+        f"killed (default {DEFAULT_GRACE_PERIOD}); give your scheduler at least this much more",
+    )
     parser.add_argument("--dry_run", action="store_true", help="print the command that would run, and exit")
     parser.add_argument("script", metavar="SCRIPT", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...", help="the script's arguments")
@@ -300,6 +317,17 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
         executable = shutil.which("mpirun", path=env.get("PATH", os.defpath))
         if executable is None:
             _fail(f"--use_mpi needs 'mpirun' on PATH, which was not found: {MPI_INSTALL}, or drop --use_mpi")
+    max_restarts = _integer(args.max_restarts, "--max_restarts", 0) if args.max_restarts is not None else 0
+    if max_restarts and backend != "torchrun":
+        _fail(f"--max_restarts needs torchrun's elastic agent: drop --use_{'mpi' if backend == 'mpi' else 'deepspeed'}")
+    grace = _integer(args.grace_period, "--grace_period", 1) if args.grace_period is not None else None
+    if grace is not None and backend != "torchrun":
+        _fail("--grace_period is torchrun's stop timeout: deepspeed and mpirun have none to set; drop it")
+    if grace not in (None, DEFAULT_GRACE_PERIOD) and not _torchrun_has_shutdown_timeout():
+        _fail(
+            f"--grace_period {grace}: this torch's torchrun always kills its ranks {DEFAULT_GRACE_PERIOD} s after "
+            "a stop signal (it has no --shutdown_timeout); upgrade torch or drop --grace_period"
+        )
     if port_text is None:
         port = free_port() if nnodes == 1 and hosts is None else DEFAULT_MASTER_PORT  # free here, maybe not there
     return LaunchPlan(
@@ -314,7 +342,17 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
         hostfile=args.hostfile,
         per_node=per_node,
         executable=executable,
+        max_restarts=max_restarts,
+        grace_period=grace or DEFAULT_GRACE_PERIOD,
     )
+
+
+def _torchrun_has_shutdown_timeout() -> bool:
+    try:
+        from torch.distributed.launcher.api import LaunchConfig
+    except ImportError:
+        return False
+    return "shutdown_timeout" in getattr(LaunchConfig, "__dataclass_fields__", {})
 
 
 # ---- the environment other nodes get -----------------------------------------------------------------------
@@ -354,8 +392,14 @@ def build_command(plan: LaunchPlan, python: str | None = None, environ: Mapping[
     n, w, r = str(plan.nnodes), str(plan.nproc_per_node), str(plan.node_rank)
     addr, port = plan.master_addr, str(plan.master_port)
     if plan.backend == "torchrun":
-        command = [python, "-m", "torch.distributed.run", "--nnodes", n, "--nproc_per_node", w, "--node_rank", r]
-        command += ["--master_addr", addr, "--master_port", port, "--rdzv_backend", "static", "--max_restarts", "0"]
+        # torchrun, ending without its traceback (distributed/torchrun.py)
+        command = [python, "-m", "optimum_gaudi.distributed.torchrun", "--nnodes", n, "--nproc_per_node", w]
+        if plan.max_restarts:  # a restart needs a new rendezvous round, which the static one cannot hold
+            command += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{addr}:{port}", "--rdzv_id", f"job-{port}"]
+            command += ["--max_restarts", str(plan.max_restarts)]
+        else:
+            command += ["--node_rank", r, "--master_addr", addr, "--master_port", port, "--rdzv_backend", "static"]
+            command += ["--max_restarts", "0"]
     elif plan.backend == "deepspeed":
         # --no_local_rank: the script reads LOCAL_RANK from the environment, as under torchrun
         command = [plan.executable or "deepspeed", "--num_nodes", n, "--num_gpus", w]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import json
 import os
 import re
 import shlex
@@ -21,6 +22,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 from .launch_plan import (
+    DEFAULT_GRACE_PERIOD,
     LaunchError,
     LaunchPlan,
     build_command,
@@ -28,8 +30,9 @@ from .launch_plan import (
     deepspeed_env_file,
     resolve,
 )
+from .torchrun import REPORT_ENV
 
-STOP_GRACE_SECONDS = 45.0  # after passing on SIGINT/SIGTERM: torchrun gives its workers 30 s, then SIGKILL
+STOP_MARGIN_SECONDS = 15.0  # after passing on SIGINT/SIGTERM we wait the ranks' grace period and this, then kill
 MASTER_WATCH_INTERVAL = 5.0  # seconds between two checks that node 0's rendezvous store still answers
 MASTER_WATCH_MISSES = 4  # refused checks in a row after which node 0 is taken for gone
 _OUTPUT_TAIL_CHARS = 256 * 1024  # the end of the job's stderr kept to find the failed rank in
@@ -53,11 +56,18 @@ def _how(exitcode: int) -> str:
     return f"exited with code {exitcode}"
 
 
-def describe_failure(plan: LaunchPlan, output: str, returncode: int) -> str:
-    """One line naming the rank that failed first, read from the launcher's report at the end of ``output``."""
+def describe_failure(plan: LaunchPlan, output: str, returncode: int, report: dict | None = None) -> str:
+    """One line naming the rank that failed first: from torchrun's ``report`` (distributed/torchrun.py), else read
+    from the launcher's own report at the end of ``output``."""
     where = f"node {plan.node_rank}" if plan.per_node or plan.nnodes == 1 else "one of the nodes"
     if _PORT_IN_USE.search(output):  # taken between our check and the rendezvous, or on node 0 of several
         return f"port {plan.master_port} on {plan.master_addr} is already in use; choose another --master_port"
+    restarts = f" (after {plan.max_restarts} restart(s))" if plan.max_restarts else ""
+    if plan.backend == "torchrun" and report:
+        return (
+            f"rank {report['rank']} (local rank {report['local_rank']} on node {plan.node_rank}) "
+            f"{_how(int(report['exitcode']))}{restarts}; torchrun stopped the other ranks of this node"
+        )
     if plan.backend == "torchrun":
         roots = list(_ROOT_CAUSE.finditer(output))
         if roots:
@@ -130,7 +140,10 @@ class _Job:
     """The launcher's child (torchrun, deepspeed or mpirun) in its own session, its stderr copied through to ours
     with the end kept, its descendants remembered so that none outlives the launcher."""
 
-    def __init__(self, command: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, command: Sequence[str], env: Mapping[str, str] | None = None, grace: float = DEFAULT_GRACE_PERIOD
+    ) -> None:
+        self.grace = grace + STOP_MARGIN_SECONDS
         self.process = subprocess.Popen(
             list(command), env=env, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_exit_with_parent()
         )
@@ -193,7 +206,7 @@ class _Job:
             self.kill_everything()
             return
         self.stop_reason = reason
-        self._deadline = time.monotonic() + STOP_GRACE_SECONDS
+        self._deadline = time.monotonic() + self.grace
         self._signal_group(signum)
 
     def kill_everything(self) -> None:
@@ -241,13 +254,21 @@ class _Job:
         return returncode
 
 
+def _read_report(path: str | None) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, TypeError, ValueError):
+        return None
+
+
 def run(plan: LaunchPlan, command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     """Run the job to its end; return its exit code (128 + signal number when the launcher was signalled)."""
     print(f"optimum-gaudi launch: {shlex.join(command)}", file=sys.stderr, flush=True)
     in_main_thread = threading.current_thread() is threading.main_thread()
     forwarded = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
     previous = {}
-    job = _Job(command, env)
+    job = _Job(command, env, grace=plan.grace_period)
     try:
         if in_main_thread:
             wanted = [signum for signum in forwarded if signal.getsignal(signum) is not signal.SIG_IGN]
@@ -267,7 +288,8 @@ def run(plan: LaunchPlan, command: Sequence[str], env: Mapping[str, str] | None 
         print(f"error: {job.stop_reason}", file=sys.stderr, flush=True)
         return returncode or 1
     if returncode != 0:
-        print(f"error: {describe_failure(plan, job.output_tail, returncode)}", file=sys.stderr, flush=True)
+        report = _read_report((env or {}).get(REPORT_ENV))
+        print(f"error: {describe_failure(plan, job.output_tail, returncode, report)}", file=sys.stderr, flush=True)
         return returncode if returncode > 0 else 128 - returncode
     return 0
 
@@ -290,6 +312,13 @@ def launch(args: argparse.Namespace) -> int:
     if bridge_env:
         print(f"optimum-gaudi launch: {' '.join(f'{k}={v}' for k, v in bridge_env.items())}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="optimum-gaudi-launch-") as private:
-        env = {**os.environ, **bridge_env}
+        env = {**os.environ, **bridge_env, REPORT_ENV: os.path.join(private, "failure.json")}
+        if plan.backend == "torchrun":  # how long torchrun waits for its ranks after a stop signal
+            env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(plan.grace_period)
+        if plan.max_restarts:
+            # A new store for each rendezvous round: in the store the agent shares with its workers, the
+            # process group's keys from the failed attempt stay behind and the restarted ranks read them
+            # (seen here: connections to the dead ranks' ports, or a hang), torch/distributed/rendezvous.py
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         env.update(deepspeed_env_file(plan, env, private))  # DeepSpeed over ssh: the other nodes' environment
         return run(plan, command, env)
