@@ -25,6 +25,12 @@ SMALL = dict(n_layer=4, n_embd=256, n_head=4)
 
 def main() -> None:
     out, steps, warmup, flags = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+    if "--bench_gaudi_ddp_settings" in flags:  # the DDP settings a Gaudi gets, here on the CPU
+        from optimum_gaudi.devices.base import Device
+        from optimum_gaudi.devices.hpu import HPUDevice
+
+        flags.remove("--bench_gaudi_ddp_settings")
+        Device.ddp_defaults = HPUDevice.ddp_defaults
     with tempfile.TemporaryDirectory() as tmp:
         common = ["--output_dir", tmp, "--max_steps", str(steps), "--report_to", "none", "--save_strategy", "no"]
         common += ["--logging_steps", str(steps), "--disable_tqdm", "true", "--learning_rate", "1e-3", "--seed", "0"]

@@ -3,6 +3,9 @@
   single_2threads  1 process, 2 torch threads, batch 16
   ddp_2procs       2 gloo processes, 1 thread each, batch 8 each, DistributedDataParallel
   fast_ddp_2procs  the same with --distribution_strategy fast_ddp (one fused float32 all-reduce per step)
+  ddp_gaudi_settings_2procs  DDP with the settings a Gaudi gets (devices/hpu.py ddp_defaults: 230 MB buckets,
+                   gradients as bucket views) in place of transformers' (25 MB, copies)
+  ddp_oh_settings_2procs     the same plus optimum-habana's --ddp_find_unused_parameters false
 
 Each run is a fresh process (torchrun for the 2-process ones); variants interleave, medians of repeats.
 """
@@ -24,6 +27,14 @@ VARIANTS = {
     "single_2threads": (1, 2, ["--per_device_train_batch_size", "16"]),
     "ddp_2procs": (2, 1, ["--per_device_train_batch_size", "8"]),
     "fast_ddp_2procs": (2, 1, ["--per_device_train_batch_size", "8", "--distribution_strategy", "fast_ddp"]),
+    # DDP with the settings optimum-gaudi gives DDP on a Gaudi (bucket 230 MB, gradients as bucket views), and
+    # with optimum-habana's no-unused-parameter search on top
+    "ddp_gaudi_settings_2procs": (2, 1, ["--per_device_train_batch_size", "8", "--bench_gaudi_ddp_settings"]),
+    "ddp_oh_settings_2procs": (
+        2,
+        1,
+        ["--per_device_train_batch_size", "8", "--bench_gaudi_ddp_settings", "--ddp_find_unused_parameters", "false"],
+    ),
 }
 
 

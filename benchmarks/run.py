@@ -108,6 +108,9 @@ def distributed_section(quick: bool) -> str:
     t.check("fast_ddp / ddp, steps/s on 2 processes", d["fast_ddp_2procs"] / d["ddp_2procs"], 1.1)
     t.check("2-process scaling (ddp / 1 process, 2 threads)", d["ddp_2procs"] / d["single_2threads"], 0.95)
     t.check("2-process scaling (fast_ddp / 1 process)", d["fast_ddp_2procs"] / d["single_2threads"], 0.95)
+    t.check(
+        "DDP with a Gaudi's settings / transformers' settings", d["ddp_gaudi_settings_2procs"] / d["ddp_2procs"], 1.0
+    )
     return f"## Distributed: fast_ddp and DDP on 2 CPU processes\n\n{t.table()}\n\n{text}"
 
 

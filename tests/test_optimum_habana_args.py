@@ -295,3 +295,31 @@ def test_every_optimum_habana_field_parses_and_is_in_the_docs_table(tmp_path):
     doc = (Path(__file__).resolve().parents[1] / "docs" / "optimum-habana.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| `(\w+)` \|", doc.split("## The fields", 1)[1].split("## ", 1)[0], flags=re.M)
     assert rows == OPTIMUM_HABANA_FIELDS
+
+
+# ---- DDP settings: optimum-habana's speed defaults on a Gaudi only (issue 22, point 2) -------------------------
+
+
+def _ddp_handler_after_wrap(tmp_path, **flags):
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), report_to=[], save_strategy="no", **flags)
+    trainer = GaudiTrainer(model=torch.nn.Linear(2, 2), args=args)
+    if trainer.accelerator.ddp_handler is None:  # transformers 4.57 makes it in _wrap_model, under DDP only
+        trainer.accelerator.ddp_handler = DistributedDataParallelKwargs()
+    find_unused = trainer.accelerator.ddp_handler.find_unused_parameters
+    trainer._use_device_ddp_defaults()
+    assert trainer.accelerator.ddp_handler.find_unused_parameters == find_unused  # transformers' choice stays
+    return trainer.accelerator.ddp_handler
+
+
+def test_on_a_gaudi_ddp_gets_bigger_buckets_and_bucket_views_unless_the_user_set_them(bridge, tmp_path):
+    handler = _ddp_handler_after_wrap(tmp_path, use_habana=True)
+    assert (handler.bucket_cap_mb, handler.gradient_as_bucket_view) == (230, True)
+    handler = _ddp_handler_after_wrap(tmp_path, use_habana=True, ddp_bucket_cap_mb=50)
+    assert (handler.bucket_cap_mb, handler.gradient_as_bucket_view) == (50, True)
+
+
+def test_elsewhere_ddp_keeps_transformers_settings(tmp_path):
+    handler = _ddp_handler_after_wrap(tmp_path, use_habana=True)  # no Gaudi here: the CPU
+    assert (handler.bucket_cap_mb, handler.gradient_as_bucket_view) == (25, False)

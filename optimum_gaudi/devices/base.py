@@ -39,6 +39,9 @@ class Device:
     compile_backend: ClassVar[str] = "inductor"
     inductor_options: ClassVar[dict[str, Any]] = {}  # inductor config this device compiles with
     fast_ddp_dtype: ClassVar[str] = "float32"  # dtype of the fast_ddp fusion buffer by default
+    # DistributedDataParallel settings this device trains faster with, where the user set none; they change
+    # speed and memory, never the gradients
+    ddp_defaults: ClassVar[dict[str, Any]] = {}
     behaviour: ClassVar[dict[str, str]]
 
     on_host: ClassVar[bool] = False  # the model trains in host memory (transformers' --use_cpu)

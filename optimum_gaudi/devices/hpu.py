@@ -161,6 +161,10 @@ class HPUDevice(Device):
     ddp_backend = "hccl"
     compile_backend = "hpu_backend"
     fast_ddp_dtype = "bfloat16"
+    # optimum-habana's on a Gaudi: bigger buckets (fewer HCCL calls per step) and gradients stored in the
+    # buckets (no copy per step, less memory); its default ddp_find_unused_parameters=False is not taken: a model
+    # with an unused parameter would stop with a DDP error where transformers' default trains it
+    ddp_defaults = {"bucket_cap_mb": 230, "gradient_as_bucket_view": True}
     behaviour = {
         "use_habana": "Gaudi device hpu",
         "use_lazy_mode": "PT_HPU_LAZY_MODE=1, mark_step() after backward and optimizer step",

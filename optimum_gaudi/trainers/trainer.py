@@ -232,6 +232,17 @@ class GaudiTrainerMixin(TrainerShims):
             accelerator_args["dynamo_plugin"] = self._compile.dynamo_plugin()
         return accelerator_args
 
+    def _use_device_ddp_defaults(self) -> None:
+        """The device's DDP settings where the user gave none, set on accelerate's DDP handler before
+        ``accelerator.prepare`` wraps the model (transformers 5 builds the handler with the accelerator, 4.57 in
+        ``_wrap_model``)."""
+        handler = getattr(self.accelerator, "ddp_handler", None)
+        if handler is None or not self.gaudi_device.ddp_defaults:
+            return
+        for name, value in self.gaudi_device.ddp_defaults.items():
+            if getattr(self.args, f"ddp_{name}", None) is None:
+                setattr(handler, name, value)
+
     # ---- graphs -------------------------------------------------------------------------------------
 
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
@@ -239,6 +250,7 @@ class GaudiTrainerMixin(TrainerShims):
         if self._compile is not None:
             self._prepare_compile(self.accelerator.unwrap_model(model, keep_torch_compile=False))
         model = super()._wrap_model(model, training, dataloader)
+        self._use_device_ddp_defaults()
         # The bridge's graph wrappers patch the module's forward in place: wrap each module once.
         if training:
             self._unwrap_inference_graph(model)
