@@ -259,6 +259,10 @@ def test_mpirun_forwards_the_bridge_variables_to_the_other_nodes(tmp_path, monke
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     monkeypatch.syspath_prepend(FAKES)  # a bridge is installed here: its variables must reach every node
     monkeypatch.delenv("PT_HPU_LAZY_MODE", raising=False)  # the arguments decide it, not an earlier test's export
+    for name, text in {"FI_PROVIDER": "efa", "HF_HUB_OFFLINE": "1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}.items():
+        monkeypatch.setenv(name, text)
+    monkeypatch.setenv("HABANA_VISIBLE_MODULES", "0,1,2,3")
+    monkeypatch.setenv("HABANA_VISIBLE_DEVICES", "all")
     hosts = hostfile(tmp_path, "gaudi-a slots=8", "gaudi-b slots=8")
     flags = ["--use_mpi", "--hostfile", hosts, "--world_size", "8", str(ALLREDUCE), "--gaudi_config_name", "gpt2"]
     flags.append("--use_lazy_mode")  # the launcher sets PT_HPU_LAZY_MODE only when the arguments ask for a mode
@@ -267,6 +271,8 @@ def test_mpirun_forwards_the_bridge_variables_to_the_other_nodes(tmp_path, monke
     exported = dict(word.split("=", 1) for word in words[: words.index(str(tmp_path / "bin" / "mpirun"))])
     forwarded = {words[i + 1] for i, word in enumerate(words) if word == "-x"}
     assert {"PT_HPU_LAZY_MODE", BF16_LIST_ENV, FP32_LIST_ENV, LIST_FILES_ENV} <= set(exported) <= forwarded
+    assert {"FI_PROVIDER", "HF_HUB_OFFLINE", "TORCH_DEVICE_BACKEND_AUTOLOAD"} <= forwarded
+    assert not {"HABANA_VISIBLE_MODULES", "HABANA_VISIBLE_DEVICES"} & forwarded  # each node has its own
     files = json.loads(exported[LIST_FILES_ENV])  # what the worker writes on a node that lacks the files
     assert files[exported[BF16_LIST_ENV]] == Path(exported[BF16_LIST_ENV]).read_text()
 
@@ -294,8 +300,8 @@ def test_mpi_worker_gives_each_rank_the_torch_variables(tmp_path):
         "names = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK')\n"
         "print(json.dumps([sys.argv, sys.path[0], __name__, [os.environ.get(n) for n in names]]))\n"
     )
-    ompi = {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
-    ompi |= {"OMPI_COMM_WORLD_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_NODE_RANK": "1"}
+    ompi = {"OMPI_COMM_WORLD_RANK": "6", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "2"}
+    ompi |= {"OMPI_COMM_WORLD_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_NODE_RANK": "2"}  # Open MPI's: within the node
     result = subprocess.run(
         [sys.executable, "-c", launch_plan.MPI_WORKER, str(script), "--x", "1"],
         capture_output=True,
@@ -307,7 +313,7 @@ def test_mpi_worker_gives_each_rank_the_torch_variables(tmp_path):
     )
     argv, path0, name, values = json.loads(result.stdout)
     assert argv == [str(script), "--x", "1"] and path0 == str(tmp_path) and name == "__main__"
-    assert values == ["5", "8", "1", "4", "1"]
+    assert values == ["6", "8", "2", "4", "1"]  # GROUP_RANK: torchrun's meaning, the node's index
 
 
 # ---- reading a failure -----------------------------------------------------------------------------------------
@@ -575,7 +581,7 @@ def test_deepspeed_over_ssh_gets_the_bridge_environment_through_a_private_env_fi
     assert mode == "-rw-------"  # only this user reads what the job's environment holds
     assert lines[0] == "MY_SETTING=kept"
     forwarded = dict(line.split("=", 1) for line in lines)
-    assert forwarded["PT_HPU_LAZY_MODE"] == "1" and forwarded["HABANA_VISIBLE_MODULES"] == "0,1"
+    assert forwarded["PT_HPU_LAZY_MODE"] == "1" and "HABANA_VISIBLE_MODULES" not in forwarded  # each node's own
     assert {BF16_LIST_ENV, FP32_LIST_ENV} <= set(forwarded)
 
 

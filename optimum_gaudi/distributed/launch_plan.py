@@ -63,8 +63,20 @@ DEEPSPEED_INSTALL = (
     " the release that matches your Gaudi software)"
 )
 MPI_INSTALL = "install Open MPI (e.g. apt-get install openmpi-bin)"
-# Forwarded to the other hosts by mpirun (on this host every process inherits the whole environment).
-_MPI_FORWARDED_PREFIXES = ("PT_HPU_", "HABANA_", "HCCL_", "OPTIMUM_GAUDI_", "PYTHONPATH", "LD_LIBRARY_PATH")
+# Forwarded to the other hosts by mpirun and DeepSpeed over ssh (on this host every process inherits the whole
+# environment): the bridge's, HCCL's and libfabric's (FI_*, Gaudi scale-out) settings, the Hub's (HF_*: cache,
+# offline mode, token) and whether torch autoloads the bridge; not the cards this node makes visible, which
+# are each node's own.
+_MPI_FORWARDED_PREFIXES = (
+    "PT_HPU_", "HABANA_", "HCCL_", "FI_", "HF_", "OPTIMUM_GAUDI_", "TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTHONPATH",
+    "LD_LIBRARY_PATH",
+)  # fmt: skip
+_PER_NODE = ("HABANA_VISIBLE_MODULES", "HABANA_VISIBLE_DEVICES")
+
+
+def _forwarded(environ: Mapping[str, str]) -> list[str]:
+    return [name for name in sorted(environ) if name.startswith(_MPI_FORWARDED_PREFIXES) and name not in _PER_NODE]
+
 
 # Run by each process mpirun starts: the Open MPI ranks become the variables torch.distributed and
 # transformers read; the op-list files the bridge reads are written where this node lacks them (the launcher
@@ -75,10 +87,11 @@ MPI_WORKER = f"""
 import json, os, runpy, sys
 e = os.environ
 for name, ompi in (("RANK", "OMPI_COMM_WORLD_RANK"), ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"),
-                   ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"), ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-                   ("GROUP_RANK", "OMPI_COMM_WORLD_NODE_RANK")):
+                   ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"), ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")):
     if ompi in e:
         e[name] = e[ompi]
+if "RANK" in e and "LOCAL_WORLD_SIZE" in e:  # the node's index: ranks fill the nodes in order (ppr:N:node)
+    e["GROUP_RANK"] = str(int(e["RANK"]) // int(e["LOCAL_WORLD_SIZE"]))
 for path, text in json.loads(e.get("{LIST_FILES_ENV}", "{{}}")).items():
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     info = os.lstat(os.path.dirname(path))
@@ -374,7 +387,7 @@ def deepspeed_env_file(plan: LaunchPlan, environ: Mapping[str, str], directory: 
     for user_file in _DEEPSPEED_USER_FILES:  # naming our file instead hides these from DeepSpeed: carry them over
         if user_file.is_file():
             lines += [line.rstrip("\n") for line in user_file.read_text().splitlines() if "=" in line]
-    lines += [f"{name}={environ[name]}" for name in sorted(environ) if name.startswith(_MPI_FORWARDED_PREFIXES)]
+    lines += [f"{name}={environ[name]}" for name in _forwarded(environ)]
     path = Path(directory) / "deepspeed_env"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -412,7 +425,7 @@ def build_command(plan: LaunchPlan, python: str | None = None, environ: Mapping[
         command = [plan.executable or "mpirun", "-n", str(plan.world_size)]
         if plan.hostfile:
             command += ["--hostfile", plan.hostfile, "--map-by", f"ppr:{w}:node"]
-            command += [x for name in sorted(env) if name.startswith(_MPI_FORWARDED_PREFIXES) for x in ("-x", name)]
+            command += [x for name in _forwarded(env) for x in ("-x", name)]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             command.append("--allow-run-as-root")  # Gaudi containers run as root; Open MPI refuses it otherwise
         # no binding: Open MPI would pin each rank to one core, starving its data loader threads
