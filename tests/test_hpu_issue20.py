@@ -270,3 +270,39 @@ def test_the_launcher_checks_no_op_name_and_imports_no_torch(bridge):
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "False"
+
+
+# ---- 11. FusedAdamW counts steps per param group, torch's AdamW per parameter ---------------------------------
+
+
+def _optimizer_after_steps(trainer, steps):
+    optimizer = trainer.create_optimizer()
+    for _ in range(steps):
+        trainer.model.zero_grad()
+        trainer.model(torch.randn(4, 3)).pow(2).sum().backward()
+        optimizer.step()
+    return optimizer
+
+
+def _trainer(tmp_path, name, fused):
+    torch.manual_seed(0)
+    args = hpu_args(tmp_path / name, use_habana=fused, weight_decay=0.1)
+    return GaudiTrainer(model=torch.nn.Linear(3, 2), args=args, gaudi_config={"use_fused_adam": fused})
+
+
+def test_a_fused_adamw_checkpoint_resumes_on_torch_adamw_with_its_step_count_and_back(bridge, tmp_path, caplog):
+    """hpex/optimizers/FusedAdamW.py keeps group["step"] and leaves state["step"] at 0: loaded as it is, torch's
+    AdamW restarted its bias correction at step 1 (and FusedAdamW from a torch checkpoint likewise)."""
+    fused = _optimizer_after_steps(_trainer(tmp_path, "gaudi", fused=True), 3)
+    assert type(fused).__name__ == "FusedAdamW" and fused.param_groups[0]["step"] == 3
+    plain = _trainer(tmp_path, "cpu", fused=False).create_optimizer()
+    assert isinstance(plain, torch.optim.AdamW)
+    plain.load_state_dict(fused.state_dict())
+    assert {float(s["step"]) for s in plain.state.values()} == {3.0}
+    assert "step" not in plain.param_groups[0]
+    assert "moved to where AdamW keeps it" in caplog.text
+
+    torch_state = _optimizer_after_steps(_trainer(tmp_path, "cpu2", fused=False), 5).state_dict()
+    fused_again = _trainer(tmp_path, "gaudi2", fused=True).create_optimizer()
+    fused_again.load_state_dict(torch_state)
+    assert fused_again.param_groups[0]["step"] == 5

@@ -42,6 +42,8 @@ class Device:
     # DistributedDataParallel settings this device trains faster with, where the user set none; they change
     # speed and memory, never the gradients
     ddp_defaults: ClassVar[dict[str, Any]] = {}
+    # where fused_adamw()'s optimizer counts its steps: per param group, or per parameter as torch's AdamW
+    fused_adamw_counts_steps_per_group: ClassVar[bool] = False
     behaviour: ClassVar[dict[str, str]]
 
     on_host: ClassVar[bool] = False  # the model trains in host memory (transformers' --use_cpu)

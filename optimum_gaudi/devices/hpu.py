@@ -165,6 +165,7 @@ class HPUDevice(Device):
     # buckets (no copy per step, less memory); its default ddp_find_unused_parameters=False is not taken: a model
     # with an unused parameter would stop with a DDP error where transformers' default trains it
     ddp_defaults = {"bucket_cap_mb": 230, "gradient_as_bucket_view": True}
+    fused_adamw_counts_steps_per_group = True  # hpex/optimizers/FusedAdamW.py: group["step"]
     behaviour = {
         "use_habana": "Gaudi device hpu",
         "use_lazy_mode": "PT_HPU_LAZY_MODE=1, mark_step() after backward and optimizer step",

@@ -34,6 +34,7 @@ from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
 from ..devices.autocast import OpListAutocast
 from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from ..features import attention, kernels
+from ..features.adam_state import keep_step_counts_on_load
 from ..features.compilation import CompilationLog, CompileOptions, compile_regions, pin_loss_function
 from ..features.metrics import Throughput
 from ..features.op_list_check import check_op_lists
@@ -419,6 +420,19 @@ class GaudiTrainerMixin(TrainerShims):
         return outputs
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """With ``use_fused_adam``, the device's fused AdamW; any AdamW made here resumes from a checkpoint of
+        the other kind (features/adam_state.py)."""
+        made_here = self.optimizer is None
+        optimizer = self._create_optimizer(model)
+        if made_here:
+            fused_cls, _ = self.gaudi_device.fused_adamw() if self.gaudi_config.use_fused_adam else (None, None)
+            if fused_cls is not None and isinstance(optimizer, fused_cls):
+                keep_step_counts_on_load(optimizer, self.gaudi_device.fused_adamw_counts_steps_per_group)
+            elif isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+                keep_step_counts_on_load(optimizer, counts_per_group=False)
+        return optimizer
+
+    def _create_optimizer(self, model: nn.Module | None) -> torch.optim.Optimizer:
         if (
             self.optimizer is not None
             or self.optimizer_cls_and_kwargs is not None

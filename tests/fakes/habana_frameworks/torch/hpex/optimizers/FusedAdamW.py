@@ -1,22 +1,29 @@
 """TEST DOUBLE of ``habana_frameworks.torch.hpex.optimizers.FusedAdamW``.
 
-Same constructor signature and defaults as the real optimizer (note eps=1e-6 and weight_decay=0.0, not
-torch's 1e-8 and 1e-2). The update is torch.optim.AdamW's (decoupled weight decay), computed on CPU, so
-results match ``torch.optim.AdamW`` with the same hyper-parameters exactly. The real fused kernel may
-differ from that in the last bits (it folds the bias corrections into the step size).
+Modelled on the bridge's ``python_packages/habana_frameworks/torch/hpex/optimizers/FusedAdamW.py`` (1.19.0) and
+its kernel ``hpu_ops/backend/optimizer_adamw_gen.cpp``, computed with torch ops on CPU:
 
-Not simulated (they raise NotImplementedError): bias_correction=False and moments_dtype.
-Differences a test could see: this class is a subclass of torch.optim.AdamW (the real one derives from
-torch.optim.Optimizer), so its param groups carry AdamW's extra keys; and the real optimizer also calls
-mark_step() around its update in lazy mode, which is not recorded as ``core.mark_step`` here.
+- a subclass of ``torch.optim.Optimizer`` (not of AdamW), constructor defaults eps=1e-6, weight_decay=0.0;
+- the step count lives in the param group (``group["step"]``, incremented once per step for the group); each
+  parameter's ``state["step"]`` is set to 0 when its state is made and never advances. A torch AdamW state
+  dict (a tensor ``step`` per parameter, none in the group) therefore loads here as a fresh start;
+- the update: ``step_size = lr * sqrt(1 - beta2**t) / (1 - beta1**t)``; the moments as AdamW's;
+  ``w = w * (1 - lr * weight_decay) - step_size * exp_avg / (sqrt(exp_avg_sq) + eps)``: eps is added to the
+  raw second-moment root, where torch's AdamW adds it after dividing by ``sqrt(1 - beta2**t)``, so the two
+  differ slightly in the first steps.
+
+Not simulated (they raise NotImplementedError): bias_correction=False and moments_dtype. The real optimizer
+also calls mark_step() around its update in lazy mode, which is not recorded as ``core.mark_step`` here.
 """
+
+import math
 
 import torch
 
 import habana_frameworks as _hf
 
 
-class FusedAdamW(torch.optim.AdamW):
+class FusedAdamW(torch.optim.Optimizer):
     def __init__(
         self,
         params,
@@ -31,10 +38,12 @@ class FusedAdamW(torch.optim.AdamW):
             raise NotImplementedError("fake FusedAdamW: bias_correction=False is not simulated")
         if moments_dtype is not None:
             raise NotImplementedError("fake FusedAdamW: moments_dtype is not simulated")
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-        self.defaults["bias_correction"] = bias_correction
-        for group in self.param_groups:
-            group.setdefault("bias_correction", bias_correction)
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr} - should be >= 0.0")
+        if not 0.0 <= eps:
+            raise ValueError(f"Invalid epsilon value: {eps} - should be >= 0.0")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction)
+        super().__init__(params, defaults)
         self.moments_dtype = moments_dtype
         n_params = sum(len(g["params"]) for g in self.param_groups)
         _hf.record(
@@ -47,11 +56,35 @@ class FusedAdamW(torch.optim.AdamW):
             bias_correction=bias_correction,
             moments_dtype=moments_dtype,
         )
-        # A pre-hook rather than an overridden step(): torch wraps step() with its own hook runner, and
-        # calling super().step() from an override could run the user's step hooks twice.
-        self.register_step_pre_hook(FusedAdamW._record_step)
 
-    @staticmethod
-    def _record_step(optimizer, args, kwargs):
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         n = len(_hf.calls_named("hpex.optimizers.FusedAdamW.step")) + 1
-        _hf.record("hpex.optimizers.FusedAdamW.step", n=n, lr=[g["lr"] for g in optimizer.param_groups])
+        _hf.record("hpex.optimizers.FusedAdamW.step", n=n, lr=[g["lr"] for g in self.param_groups])
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            beta1, beta2 = group["betas"]
+            group["step"] = group.get("step", 0) + 1
+            t = group["step"]
+            step_size = group["lr"] * math.sqrt(1.0 - beta2**t) / (1.0 - beta1**t)
+            keep = 1.0 - group["weight_decay"] * group["lr"]
+            for p in params:
+                state = self.state[p]
+                if len(state) == 0:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.mul_(beta1).add_(p.grad, alpha=1.0 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1.0 - beta2)
+                update = exp_avg / (exp_avg_sq.sqrt() + group["eps"]) * -step_size
+                if keep != 1.0:
+                    p.mul_(keep)
+                p.add_(update)
+        return loss
