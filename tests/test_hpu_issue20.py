@@ -306,3 +306,36 @@ def test_a_fused_adamw_checkpoint_resumes_on_torch_adamw_with_its_step_count_and
     fused_again = _trainer(tmp_path, "gaudi2", fused=True).create_optimizer()
     fused_again.load_state_dict(torch_state)
     assert fused_again.param_groups[0]["step"] == 5
+
+
+# ---- 11. training again after evaluate() under DDP: the inference graph comes off the model --------------------
+
+
+def test_a_second_train_under_ddp_takes_the_inference_graph_off_the_model(bridge, tmp_path, monkeypatch):
+    """transformers hands _wrap_model the DDP wrapper of the first train() (model_wrapped); the graph was put on
+    the model inside it by evaluate(), and stayed: the next training forwards replayed an inference graph."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    rows = [{"input_ids": [i % 50 + 1] * 8, "labels": i % 3} for i in range(8)]
+    args = hpu_args(tmp_path, use_lazy_mode=True, use_hpu_graphs_for_inference=True)
+    trainer = GaudiTrainer(model=tiny_classifier(), args=args)
+    own_forward = trainer.model.forward
+    trainer.evaluate(rows)
+    assert trainer.model.forward != own_forward  # the inference graph's forward
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        trainer._wrap_model(DistributedDataParallel(trainer.model), training=True)
+    finally:
+        dist.destroy_process_group()
+    assert trainer.model.forward == own_forward
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

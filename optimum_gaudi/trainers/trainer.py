@@ -281,16 +281,19 @@ class GaudiTrainerMixin(TrainerShims):
         )
 
     def _unwrap_inference_graph(self, model: nn.Module) -> None:
-        """Training again after evaluate(): give the model back the forward it had before its inference graph."""
-        if self._inference_wrapped is None or self._inference_wrapped[0] is not model:
+        """Training again after evaluate(): give the model back the forward it had before its inference graph.
+        ``model`` may be the wrapper of an earlier train() (DDP), with the graphed model inside."""
+        if self._inference_wrapped is None:
             return
-        _, forward = self._inference_wrapped
+        graphed, forward = self._inference_wrapped
+        if graphed is not model and graphed is not self.accelerator.unwrap_model(model, keep_torch_compile=False):
+            return
         if forward is None:
-            model.__dict__.pop("forward", None)
+            graphed.__dict__.pop("forward", None)
         else:
-            model.forward = forward
+            graphed.forward = forward
         self._inference_wrapped = None
-        self._graph_wrapped.discard((False, id(model)))
+        self._graph_wrapped.discard((False, id(graphed)))
 
     def _use_llm_kernels(self, model: nn.Module) -> None:
         """The attention implementation and the fused RMSNorm / rotary kernels the arguments and config ask for,
