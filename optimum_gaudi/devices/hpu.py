@@ -282,7 +282,9 @@ class HPUDevice(Device):
             return model
         cacher = hthpu.ModuleCacher() if max_graphs is None else hthpu.ModuleCacher(max_graphs=max_graphs)
         # The capture differentiates every trainable parameter (hpu/graphs.py); by default one the forward does
-        # not use (LayerDrop, an unused pooler) fails the first step. Optimum Habana allows them too.
+        # not use (LayerDrop, an unused pooler) fails the first step, so they are allowed here (optimum-habana
+        # keeps the default and fails). The bridge then gives them zero gradients (materialize_grads), where
+        # eager training leaves None: AdamW's weight decay and momentum still move them. README says so.
         return cacher(model=model, inplace=True, allow_unused_input=True)
 
     def wrap_for_inference(
