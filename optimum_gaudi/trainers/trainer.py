@@ -43,6 +43,8 @@ from ..features.static_batches import StaticRows
 from ..features.table import feature_table
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .events import InternalCallbackHandler
+from .preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
+from .preemption import Preemption
 from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin, check_report_to
 
 logger = logging.getLogger(__name__)
@@ -478,9 +480,34 @@ class GaudiTrainerMixin(TrainerShims):
             warn_if_pickles_are_unsafe_here(checkpoint)
         elif self.args.overwrite_output_dir and self.args.should_save:
             remove_previous_checkpoints(self.args.output_dir)
-        with self._loop_context():
-            check_op_lists(self.model, self._autocast)  # op lists that mix dtypes in one op: one line, before step 1
-            return super().train(checkpoint, *args, **kwargs)
+        preemption = Preemption()
+        self.add_callback(preemption)
+        try:
+            with self._loop_context(), preemption.installed():
+                check_op_lists(self.model, self._autocast)  # op lists mixing dtypes in one op: one line, before step 1
+                result = super().train(checkpoint, *args, **kwargs)
+        finally:
+            self.remove_callback(preemption)
+        if preemption.stopped:
+            self._end_preempted_run(preemption)
+        return result
+
+    def _end_preempted_run(self, preemption: Preemption) -> None:
+        """After SIGTERM: the checkpoint of the last step is published; end the process (143) rather than
+        go on with the script's evaluation and final save, which the grace period was not meant to cover."""
+        where = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{preemption.stop_step}")
+        self.accelerator.wait_for_everyone()
+        if not os.path.isdir(where):  # --save_strategy best with an evaluation at that step kept only a better one
+            started = time.monotonic()
+            self._save_checkpoint(self.model_wrapped, trial=None)
+            preemption.save_seconds = time.monotonic() - started
+        if self.is_world_process_zero():
+            logger.warning(
+                "SIGTERM: %s written in %.1f s; exiting. Resume with --resume_from_checkpoint true.",
+                where,
+                preemption.save_seconds or 0.0,
+            )
+        raise SystemExit(PREEMPTED_EXIT_CODE)
 
     def _get_output_dir(self, trial: Any) -> str:
         return getattr(self, "_staging_root", None) or super()._get_output_dir(trial)

@@ -1,0 +1,104 @@
+"""Preemption: SIGTERM (Slurm, Kubernetes, ``optimum-gaudi launch`` passing it on) during ``train()`` finishes
+the optimizer step in flight, writes a complete checkpoint and ends the process with exit code 143.
+
+The handler only sets a flag; the step end acts on it. Under several processes the ranks first agree (an
+all-reduce of the flag at each step end, over gloo on the host, so no device sync), because a checkpoint is a
+collective: ranks that stopped at different steps would wait for each other forever. The orchestrator's grace
+period must cover one step and one checkpoint; the log says how long both took when the signal came.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+logger = logging.getLogger(__name__)
+
+EXIT_CODE = 128 + signal.SIGTERM
+
+
+class Preemption(TrainerCallback):
+    """Installed by GaudiTrainer around each ``train()``; ``stopped`` says whether the run ended on SIGTERM."""
+
+    def __init__(self) -> None:
+        self.requested = False  # set by the signal handler, on this rank only
+        self.stopped = False  # every rank agreed to stop, and the checkpoint was asked for
+        self.stop_step: int | None = None
+        self._group: Any = None  # the process group the ranks agree over (None: one process)
+        self._step_started = 0.0
+        self.step_seconds = 0.0
+        self.save_seconds: float | None = None
+        self._save_started: float | None = None
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.requested = True  # no I/O here: the step end logs and saves
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """The SIGTERM handler for the duration of ``train()`` (main thread only: Python allows no other);
+        the previous one is put back unless someone replaced ours meanwhile (transformers' JIT checkpoint
+        callback restores its own predecessor at train end)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            yield
+        finally:
+            if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                signal.signal(signal.SIGTERM, previous)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._group = _agreement_group(args)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._step_started = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.monotonic()
+        self.step_seconds = now - self._step_started
+        if self._agreed():
+            self.stopped, self.stop_step = True, state.global_step
+            logger.warning(
+                "SIGTERM: stopping after step %d, writing its checkpoint (the step took %.1f s%s).",
+                state.global_step,
+                self.step_seconds,
+                "" if self.save_seconds is None else f", the last checkpoint {self.save_seconds:.1f} s",
+            )
+            control.should_save = True
+            control.should_training_stop = True
+        if control.should_save:
+            self._save_started = now
+
+    def on_save(self, args, state, control, **kwargs):
+        if self._save_started is not None:
+            self.save_seconds = time.monotonic() - self._save_started
+            self._save_started = None
+
+    def _agreed(self) -> bool:
+        if self.stopped:
+            return False
+        if self._group is None:
+            return self.requested
+        flag = torch.tensor([1.0 if self.requested else 0.0])
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._group)
+        return bool(flag.item())
+
+
+def _agreement_group(args: Any) -> Any:
+    """The group to agree over: None for one process; the default group when it runs on gloo; otherwise a gloo
+    group of every rank, made now (every rank begins training together, so every rank makes it)."""
+    dist = torch.distributed
+    if args.world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
+        return None
+    if dist.get_backend() == "gloo":
+        return dist.group.WORLD
+    return dist.new_group(backend="gloo")

@@ -1,0 +1,78 @@
+"""Train a tiny GPT-2 that a test stops with SIGTERM; writes what it did for the test to check.
+
+    train_preemptible.py OUT_DIR [GaudiTrainingArguments flags...]
+
+When training begins, rank 0 writes OUT_DIR/started. The SIGTERM handler GaudiTrainer installs is wrapped to
+note the steps finished when the signal came (written to OUT_DIR/signal_step as the run ends on it). A run that ends
+(preempted or not) writes OUT_DIR/result.json from rank 0: its logged losses, and OUT_DIR/weights.safetensors.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for tiny.py
+
+import safetensors.torch  # noqa: E402
+import tiny  # noqa: E402
+import torch  # noqa: E402
+from transformers import HfArgumentParser, TrainerCallback  # noqa: E402
+
+from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments  # noqa: E402
+
+
+class Watch(TrainerCallback):
+    """Says when training began, and wraps the trainer's SIGTERM handler to note the step the signal hit."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.state, self.signal_step = out, None, None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.state = state
+        handler = signal.getsignal(signal.SIGTERM)
+
+        def noting(signum, frame):
+            if self.signal_step is None:
+                self.signal_step = self.state.global_step  # steps finished when the signal came
+            handler(signum, frame)
+
+        signal.signal(signal.SIGTERM, noting)
+        if args.process_index == 0:
+            (self.out / "started").write_text(str(os.getpid()))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(0.01)  # a step of the tiny model takes ~5 ms: slow enough that a signal can land anywhere
+
+
+def main() -> None:
+    out, argv = Path(sys.argv[1]), sys.argv[2:]
+    (args,) = HfArgumentParser(GaudiTrainingArguments).parse_args_into_dataclasses(argv)
+    torch.set_num_threads(1)
+    watch = Watch(out)
+    trainer = GaudiTrainer(model=tiny.gpt2(**tiny.NO_DROPOUT), args=args, train_dataset=tiny.lm_data(256))
+    trainer.add_callback(watch)
+    try:
+        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    except SystemExit as stop:  # preempted: GaudiTrainer wrote the checkpoint and ends the process
+        if args.process_index == 0:
+            (out / "signal_step").write_text(str(watch.signal_step))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(stop.code)
+    if trainer.is_world_process_zero():
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        weights = {name: p.detach().contiguous() for name, p in model.named_parameters()}
+        safetensors.torch.save_file(weights, out / "weights.safetensors")
+        (out / "result.json").write_text(json.dumps({"losses": tiny.logged_losses(trainer)}))
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # as train_tiny.py: a rank may hang in interpreter exit after gloo; the results are written
+
+
+if __name__ == "__main__":
+    main()

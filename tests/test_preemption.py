@@ -1,0 +1,127 @@
+"""Preemption (issue 21, point 5): SIGTERM during training finishes the step in flight, writes a complete
+checkpoint and exits 143; resuming from it trains exactly as the uninterrupted run did.
+
+Each run is a fresh process (tests/scripts/train_preemptible.py) stopped at a random moment after training
+began (seeded), also during checkpoint saves; then `--resume_from_checkpoint true` runs to the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+from test_launch import job_environment, launch_command
+from transformers import TrainingArguments
+
+from optimum_gaudi.checkpoints import checkpoint_problem, checkpoint_step, latest_complete_checkpoint
+from optimum_gaudi.trainers.preemption import EXIT_CODE
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_preemptible.py"
+STEPS = 200
+FLAGS = (
+    "--max_steps", str(STEPS), "--save_strategy", "steps", "--save_steps", "50", "--logging_steps", "1",
+    "--per_device_train_batch_size", "4", "--report_to", "none", "--disable_tqdm", "true", "--seed", "0",
+)  # fmt: skip
+
+
+def _command(out: Path, *extra: str, processes: int = 1) -> list[str]:
+    script = [str(SCRIPT), str(out), "--output_dir", str(out / "run"), *FLAGS, *extra]
+    if processes == 1:
+        return [sys.executable, *script]
+    return launch_command("--world_size", str(processes), *script)
+
+
+def _run(out: Path, *extra: str, processes: int = 1) -> subprocess.CompletedProcess:
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**job_environment(), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        _command(out, *extra, processes=processes), capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def _stop_at_random(out: Path, delay: float, processes: int = 1, extra: tuple = ()) -> tuple[int, str]:
+    """Start a run, SIGTERM it (the launcher, for several processes) ``delay`` s after training began."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**job_environment(), "OMP_NUM_THREADS": "1"}
+    job = subprocess.Popen(_command(out, *extra, processes=processes), stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "started").exists() and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert (out / "started").exists(), "training did not start"
+        time.sleep(delay)
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    return job.returncode, err
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    x, y = safetensors.torch.load_file(a), safetensors.torch.load_file(b)
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted")
+    result = _run(out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+JIT = ("--enable_jit_checkpoint", "true") if "enable_jit_checkpoint" in TrainingArguments.__dataclass_fields__ else ()
+
+
+@pytest.mark.parametrize("run, flags", [(0, ()), (1, ()), (2, JIT)], ids=["run0", "run1", "run2-jit-checkpoint"])
+def test_sigterm_at_a_random_moment_loses_no_step_and_resumes_exactly(tmp_path, uninterrupted, run, flags):
+    """transformers 5's --enable_jit_checkpoint (run 2) takes the same path: one checkpoint, written crash-safe."""
+    delay = random.Random(run).uniform(0.0, 2.5)  # training takes about 3.5 s here; saves every 50 steps
+    code, err = _stop_at_random(tmp_path, delay, extra=flags)
+    assert code == EXIT_CODE, err[-3000:]
+    finished = int((tmp_path / "signal_step").read_text())  # steps done when the signal came
+    newest = latest_complete_checkpoint(tmp_path / "run")
+    assert newest is not None and checkpoint_problem(newest) is None
+    # the step in flight was finished and saved, no later one (global_step counts a step before its step-end
+    # callbacks run: a signal landing between the two finds the step already counted)
+    assert finished <= checkpoint_step(newest) <= finished + 1
+    assert "Resume with --resume_from_checkpoint true." in err
+    assert not list(newest.glob("checkpoint-is-incomplete*"))  # transformers' JIT sentinel never written
+    assert not (tmp_path / "result.json").exists()  # the script did not go on after train()
+
+    resumed = _run(tmp_path, "--resume_from_checkpoint", "true")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    losses = json.loads((tmp_path / "result.json").read_text())["losses"]
+    assert losses == json.loads((uninterrupted / "result.json").read_text())["losses"]
+    assert len(losses) == STEPS
+    assert _same_weights(tmp_path / "weights.safetensors", uninterrupted / "weights.safetensors")
+
+
+def test_sigterm_to_the_launcher_stops_both_ranks_at_one_step_with_a_checkpoint(tmp_path):
+    """The launcher passes SIGTERM on to every rank; the ranks agree on the step to stop after (a checkpoint is
+    collective) and the job resumes to the weights of an uninterrupted 2-process run."""
+    reference = _run(tmp_path / "uninterrupted", processes=2)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    code, err = _stop_at_random(tmp_path / "stopped", 1.0, processes=2)
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    assert err.rstrip().splitlines()[-1] == "error: received SIGTERM; the job was stopped"
+    finished = int((tmp_path / "stopped" / "signal_step").read_text())
+    newest = latest_complete_checkpoint(tmp_path / "stopped" / "run")
+    assert newest is not None and finished <= checkpoint_step(newest) <= finished + 1
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(newest))  # both ranks saved their part
+
+    resumed = _run(tmp_path / "stopped", "--resume_from_checkpoint", "true", processes=2)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _same_weights(
+        tmp_path / "stopped" / "weights.safetensors", tmp_path / "uninterrupted" / "weights.safetensors"
+    )
