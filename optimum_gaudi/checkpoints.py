@@ -316,6 +316,28 @@ def restart_count() -> int:
         return 0
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def check_resume_before_data(args: Any, model: Any = None) -> None:
+    """The resume problems an example finds before it reads or tokenizes any data (CheckpointError, one line):
+    the checkpoint must exist and be complete, and (given the model) hold the same weights. The trainer checks
+    again when training starts, for scripts that do not call this; the warnings are left to that check."""
+    if not getattr(args, "do_train", True):
+        return
+    with _quiet():
+        checkpoint = resolve_resume(getattr(args, "resume_from_checkpoint", None), args.output_dir)
+    if checkpoint is not None and model is not None:
+        check_weights_fit(model, checkpoint)
+
+
 def resolve_resume(resume: str | bool | None, output_dir: str | os.PathLike) -> str | None:
     """The checkpoint directory to resume from, checked complete; raise CheckpointError with the reason.
 

@@ -468,7 +468,7 @@ CASES = [
         id="resume-missing-dir",
     ),  # fmt: skip
     P(
-        lambda w: [*w.base, "--resume_from_checkpoint", str(w.root)],
+        lambda w: [*w.base, "--resume_from_checkpoint", str(Path(w.write("notes/readme.txt", "x")).parent)],
         "has no trainer_state.json",
         id="resume-not-a-checkpoint",
     ),  # fmt: skip

@@ -382,3 +382,86 @@ def test_run_summarization_trains_a_small_bart_and_scores_generated_summaries(en
     metrics = json.loads((out / "eval_results.json").read_text())
     assert {"eval_rouge1", "eval_rouge2", "eval_rougeL"} <= set(metrics)
     assert 0 < metrics["eval_gen_len"] <= 12 and metrics["eval_samples"] == 4
+
+
+# ---- resume mistakes are found before any data is read (issue 21, point 4) -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def other_models_checkpoint(tmp_path_factory):
+    """A complete checkpoint of a tiny GPT-2: another model than any example builds by default."""
+    import tiny
+
+    from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
+
+    out = tmp_path_factory.mktemp("other_run")
+    args = GaudiTrainingArguments(
+        output_dir=str(out), max_steps=1, save_strategy="steps", save_steps=1, report_to=[], disable_tqdm=True
+    )
+    GaudiTrainer(model=tiny.gpt2(), args=args, train_dataset=tiny.lm_data(8)).train()
+    return out / "checkpoint-1"
+
+
+def _resume_mistakes(tmp_path, checkpoint):
+    truncated = tmp_path / "truncated" / "checkpoint-1"
+    shutil.copytree(checkpoint, truncated)
+    with open(truncated / "model.safetensors", "r+b") as f:
+        f.truncate(100)
+    (tmp_path / "empty").mkdir()
+    return {
+        "missing": ([str(tmp_path / "nowhere")], "does not exist"),
+        "empty": ([str(tmp_path / "empty")], "--resume_from_checkpoint"),
+        "truncated": ([str(truncated)], "--resume_from_checkpoint"),
+        "another model": ([str(checkpoint)], "holds another model"),
+        "true, none there": (["true"], "holds no checkpoint"),
+    }
+
+
+def _refused_before_data(main, argv, words, capsys):
+    assert call_main(main, argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and words in err[-1], err[-5:]
+    assert not any("Traceback" in line for line in err)
+
+
+@pytest.mark.parametrize("mistake", ["missing", "empty", "truncated", "another model", "true, none there"])
+def test_run_clm_resume_mistakes_end_before_any_data_is_read(
+    mistake, tmp_path, monkeypatch, capsys, other_models_checkpoint, cache
+):
+    sys.path.insert(0, str(EXAMPLES / "language-modeling"))
+    import run_clm
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data was read before the resume problem was found")
+
+    monkeypatch.setenv("OPTIMUM_GAUDI_CACHE", str(cache))
+    monkeypatch.setattr(run_clm, "load_raw_datasets", no_data)
+    resume, words = _resume_mistakes(tmp_path, other_models_checkpoint)[mistake]
+    argv = ["--do_train", "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint", *resume, *QUIET]
+    _refused_before_data(run_clm.main, argv, words, capsys)
+
+
+def test_run_glue_finds_a_checkpoint_of_another_model_before_tokenizing(
+    tmp_path, monkeypatch, capsys, other_models_checkpoint, cache
+):
+    module = load_script("run_glue")
+    monkeypatch.setenv("OPTIMUM_GAUDI_CACHE", str(cache))
+    monkeypatch.setattr(module, "_tokenize", lambda *a, **k: pytest.fail("tokenized before the resume check"))
+    argv = ["--do_train", "--output_dir", str(tmp_path / "out"), "--max_seq_length", "32"]
+    argv += ["--resume_from_checkpoint", str(other_models_checkpoint), *QUIET]
+    _refused_before_data(module.main, argv, "holds another model", capsys)
+
+
+def test_trl_sft_checks_the_output_dir_and_the_checkpoint_before_the_data(
+    tmp_path, monkeypatch, capsys, other_models_checkpoint, cache
+):
+    sys.path.insert(0, str(EXAMPLES / "trl"))
+    import sft
+
+    monkeypatch.setenv("OPTIMUM_GAUDI_CACHE", str(cache))
+    monkeypatch.setattr(sft, "corpus", lambda *a, **k: pytest.fail("the data was read before the resume check"))
+    out = tmp_path / "out"
+    argv = ["--output_dir", str(out), "--resume_from_checkpoint", str(other_models_checkpoint), *QUIET]
+    _refused_before_data(sft.main, argv, "holds another model", capsys)
+    (out / "checkpoint-3").mkdir(parents=True)
+    _refused_before_data(sft.main, ["--output_dir", str(out), *QUIET], "already holds checkpoints", capsys)

@@ -306,7 +306,8 @@ def _ddp_handler_after_wrap(tmp_path, **flags):
     args = GaudiTrainingArguments(output_dir=str(tmp_path), report_to=[], save_strategy="no", **flags)
     trainer = GaudiTrainer(model=torch.nn.Linear(2, 2), args=args)
     if trainer.accelerator.ddp_handler is None:  # transformers 4.57 makes it in _wrap_model, under DDP only
-        trainer.accelerator.ddp_handler = DistributedDataParallelKwargs()
+        given = {"bucket_cap_mb": args.ddp_bucket_cap_mb} if args.ddp_bucket_cap_mb is not None else {}
+        trainer.accelerator.ddp_handler = DistributedDataParallelKwargs(**given)
     find_unused = trainer.accelerator.ddp_handler.find_unused_parameters
     trainer._use_device_ddp_defaults()
     assert trainer.accelerator.ddp_handler.find_unused_parameters == find_unused  # transformers' choice stays

@@ -56,7 +56,12 @@ from transformers import (
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
-from optimum_gaudi.checkpoints import OutputDirGuard, check_output_dir, disk_full_is_user_error
+from optimum_gaudi.checkpoints import (
+    OutputDirGuard,
+    check_output_dir,
+    check_resume_before_data,
+    disk_full_is_user_error,
+)
 from optimum_gaudi.configuration.hub import require_hub
 from optimum_gaudi.data.corpus import (
     check_text_file,
@@ -499,10 +504,6 @@ def build_trainer(
     check_hub_names(model_args, data_args)
     logger.info("Device: %s", training_args.gaudi_device.describe())
     set_seed(training_args.seed)  # before the model is built: a new model's weights depend on it
-    raw, column = load_raw_datasets(data_args, model_args, training_args.seed)
-    logger.info("Texts: %s", {split: len(texts) for split, texts in raw.items()})
-    if training_args.do_eval and "validation" not in raw:
-        raise UsageError("--do_eval needs validation data: --validation_file or --validation_split_percentage > 0.")
     tokenizer = load_tokenizer(model_args)
     config, user_keys = load_config(model_args, tokenizer)
     from_scratch = model_args.model_name_or_path is None
@@ -510,6 +511,11 @@ def build_trainer(
     model = load_model(model_args, config, tokenizer)
     if wrap_model is not None:
         model = wrap_model(model)
+    check_resume_before_data(training_args, model)  # a checkpoint of another model, before any data is read
+    raw, column = load_raw_datasets(data_args, model_args, training_args.seed)
+    logger.info("Texts: %s", {split: len(texts) for split, texts in raw.items()})
+    if training_args.do_eval and "validation" not in raw:
+        raise UsageError("--do_eval needs validation data: --validation_file or --validation_split_percentage > 0.")
 
     with training_args.main_process_first(desc="tokenizing"):
         blocks = tokenize_and_group(
@@ -610,6 +616,7 @@ def run_example(
     setup_logging(training_args)
     logging.getLogger(build_trainer.__module__).setLevel(logger.level)  # the example's own messages too
     check_output_dir(training_args)
+    check_resume_before_data(training_args)  # a missing or incomplete checkpoint, before any data is read
     with OutputDirGuard(training_args.output_dir, enabled=training_args.should_save) as guard:
         trainer = build_trainer(*parsed)
         trainer.add_callback(guard)

@@ -32,6 +32,7 @@ from transformers import (
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
+from optimum_gaudi.checkpoints import check_resume_before_data
 from optimum_gaudi.data.corpus import tokenize_and_group
 from optimum_gaudi.data.tasks import default_mlm_tokenizer
 from optimum_gaudi.errors import run_main
@@ -132,13 +133,14 @@ def build_trainer(
     run_clm.check_hub_names(model_args, data_args)
     logger.info("Device: %s", training_args.gaudi_device.describe())
     set_seed(training_args.seed)
-    raw, column = run_clm.load_raw_datasets(data_args, model_args, training_args.seed)
-    if training_args.do_eval and "validation" not in raw:
-        raise UsageError("--do_eval needs validation data: --validation_file or --validation_split_percentage > 0.")
     tokenizer = load_mlm_tokenizer(model_args)
     config, user_keys = run_clm.load_config(model_args, tokenizer)
     block_size = run_clm.resolve_block_size(data_args, tokenizer, config, not model_args.model_name_or_path, user_keys)
     model = run_clm.load_model(model_args, config, tokenizer, AutoModelForMaskedLM)
+    check_resume_before_data(training_args, model)  # a checkpoint of another model, before any data is read
+    raw, column = run_clm.load_raw_datasets(data_args, model_args, training_args.seed)
+    if training_args.do_eval and "validation" not in raw:
+        raise UsageError("--do_eval needs validation data: --validation_file or --validation_split_percentage > 0.")
 
     with training_args.main_process_first(desc="tokenizing"):
         if data_args.line_by_line:

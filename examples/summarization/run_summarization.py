@@ -214,6 +214,7 @@ def build_trainer(
     training_args.generation_max_length = training_args.generation_max_length or data_args.val_max_target_length
     training_args.generation_num_beams = data_args.num_beams or training_args.generation_num_beams
 
+    run_clm.check_resume_before_data(training_args, model)  # a checkpoint of another model, before tokenizing
     with training_args.main_process_first(desc="tokenizing"):
         tokenized = tokenize_pairs(raw, tokenizer, (text, summary), data_args)
     take = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples}

@@ -248,6 +248,7 @@ def build_trainer(
     else:
         model = AutoModelForSequenceClassification.from_config(config)
         logger.info("Training a new %s classifier from scratch.", config.model_type)
+    run_clm.check_resume_before_data(training_args, model)  # a checkpoint of another model, before tokenizing
     with training_args.main_process_first(desc="tokenizing"):
         tokenized = _tokenize(raw, tokenizer, text_columns(raw, data_args.task_name), data_args)
     collator = default_data_collator if data_args.pad_to_max_length else DataCollatorWithPadding(tokenizer)

@@ -39,7 +39,18 @@ def parse(config_class: type, argv: list[str] | None, *more: type) -> tuple[Any,
         raise UserError(str(e).splitlines()[0]) from None
 
 
-def model_and_tokenizer(script: ScriptArguments, seed: int) -> tuple[torch.nn.Module, Any]:
+def model_and_tokenizer(script: ScriptArguments, args: Any) -> tuple[torch.nn.Module, Any]:
+    """The model and tokenizer, after the output directory and the checkpoint to resume from are checked (before
+    the TRL trainer reads and tokenizes any data)."""
+    args.do_train = True  # these scripts always train (the Trainer itself never reads --do_train)
+    run_clm.check_output_dir(args)
+    run_clm.check_resume_before_data(args)
+    model, tokenizer = _load(script, args.seed)
+    run_clm.check_resume_before_data(args, model)
+    return model, tokenizer
+
+
+def _load(script: ScriptArguments, seed: int) -> tuple[torch.nn.Module, Any]:
     if script.model_name_or_path:
         tokenizer = run_clm._from_pretrained(AutoTokenizer.from_pretrained, script.model_name_or_path, "tokenizer")
         model = run_clm._from_pretrained(AutoModelForCausalLM.from_pretrained, script.model_name_or_path, "model")

@@ -36,7 +36,7 @@ def preference_rows(texts: list[str]) -> list[dict[str, str]]:
 
 def main(argv: list[str] | None = None) -> None:
     script, config = parse(GaudiDPOConfig, argv)
-    model, tokenizer = model_and_tokenizer(script, config.seed)
+    model, tokenizer = model_and_tokenizer(script, config)
     data = Dataset.from_list(preference_rows(corpus(script, 1000)))
     reference = copy.deepcopy(model).eval()  # the frozen starting point (TRL would reload it from the model's path)
     trainer = GaudiDPOTrainer(model, reference, config, train_dataset=data, processing_class=tokenizer)

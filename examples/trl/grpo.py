@@ -40,7 +40,7 @@ class RewardArguments:
 
 def main(argv: list[str] | None = None) -> None:
     script, config, reward_args = parse(GaudiGRPOConfig, argv, RewardArguments)
-    model, tokenizer = model_and_tokenizer(script, config.seed)
+    model, tokenizer = model_and_tokenizer(script, config)
     prompts = [" ".join(text.split()[:6]) for text in corpus(script, 500) if text.split()]
     reward = REWARDS[reward_args.reward]
     data = Dataset.from_dict({"prompt": prompts})

@@ -19,7 +19,7 @@ from optimum_gaudi.errors import run_main
 
 def main(argv: list[str] | None = None) -> None:
     script, config = parse(GaudiSFTConfig, argv)
-    model, tokenizer = model_and_tokenizer(script, config.seed)
+    model, tokenizer = model_and_tokenizer(script, config)
     data = Dataset.from_dict({"text": corpus(script, 2000)})
     finish(GaudiSFTTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer))
 
