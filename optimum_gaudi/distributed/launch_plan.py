@@ -6,9 +6,10 @@
     optimum-gaudi launch --world_size 8 --use_mpi run_clm.py ARGS...
 
 By default the processes are started by torchrun (``python -m torch.distributed.run``, static rendezvous at
-MASTER_ADDR:MASTER_PORT, no restarts; with ``--max_restarts N`` torchrun's c10d rendezvous there, which can meet
-again: the job restarts after a dead rank and resumes from its newest complete checkpoint); ``--use_deepspeed`` starts them with DeepSpeed's ``deepspeed`` launcher
-and ``--use_mpi`` with Open MPI's ``mpirun``. Each process gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
+MASTER_ADDR:MASTER_PORT, no restarts; with ``--max_restarts N`` torchrun's c10d rendezvous there, which can
+meet again: the job restarts after a dead rank and resumes from its newest complete checkpoint);
+``--use_deepspeed`` starts them with DeepSpeed's ``deepspeed`` launcher and ``--use_mpi`` with Open MPI's
+``mpirun``. Each process gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT in its environment, which is all ``transformers.Trainer`` needs.
 
 ``--world_size`` is the number of processes on each node (one per card): the meaning it has in optimum-habana's
