@@ -91,7 +91,8 @@ def tiny_causal_lm(tmp_path_factory, cache):
 HELP_FLAGS = {
     "run_glue": ["--model_name_or_path", "--max_seq_length", "--task_name", "--use_habana", "--gaudi_config_name"],
     "run_mlm": ["--mlm_probability", "--line_by_line", "--max_seq_length", "--use_lazy_mode"],
-    "run_lora_clm": ["--lora_rank", "--lora_alpha", "--lora_dropout", "--lora_target_modules", "--merge_lora"],
+    "run_lora_clm": ["--peft_type", "--lora_rank", "--lora_target_modules", "--dataset_concatenation",
+                     "--train_on_inputs", "--chat_prompt", "--merge_lora", "--use_habana"],
     "run_summarization": ["--predict_with_generate", "--max_source_length", "--source_prefix", "--use_habana"],
     "run_generation": ["--use_hpu_graphs", "--bf16", "--max_new_tokens", "--num_beams", "--do_sample", "--top_k"],
 }
@@ -260,7 +261,7 @@ def test_run_lora_clm_trains_only_the_adapters(env, tmp_path, tiny_causal_lm):
     out = tmp_path / "lora"
     ok(run(
         env, "run_lora_clm", "--model_name_or_path", str(tiny_causal_lm), "--do_train", "--max_steps", "3",
-        "--per_device_train_batch_size", "2", "--block_size", "32", "--learning_rate", "0.05",
+        "--per_device_train_batch_size", "2", "--max_seq_length", "64", "--learning_rate", "0.05",
         "--lora_rank", "4", "--lora_alpha", "8", "--lora_dropout", "0", "--lora_target_modules", "c_attn",
         "--merge_lora", "--output_dir", str(out), *GAUDI, "--gaudi_config_name", "Habana/gpt2", *QUIET,
     ))  # fmt: skip

@@ -102,7 +102,8 @@ def test_lora_on_the_small_llama_with_gaudi_attention(env, tmp_path):
     assert run_clm(env, *common, "--output_dir", str(base), "--report_to", "none").returncode == 0
     run_lora = RUN_CLM.replace("run_clm.py", "run_lora_clm.py")
     result = subprocess.run(
-        [sys.executable, run_lora, "--model_name_or_path", str(base), *common, "--use_habana", "--bf16",
+        [sys.executable, run_lora, "--model_name_or_path", str(base), "--do_train", "--max_steps", "1",
+         "--per_device_train_batch_size", "2", "--max_seq_length", "64", "--use_habana", "--bf16",
          "--attn_implementation", "gaudi_fused_sdpa", "--output_dir", str(adapted), "--report_to", "none"],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -279,7 +279,7 @@ def _hub_kwargs(model_args: ModelArguments) -> dict[str, Any]:
     }
 
 
-def _with_validation_split(raw: DatasetDict, percentage: int, seed: int) -> DatasetDict:
+def with_validation_split(raw: DatasetDict, percentage: int, seed: int) -> DatasetDict:
     if "validation" in raw or percentage == 0:
         return raw
     texts = len(raw["train"])
@@ -302,6 +302,14 @@ def load_raw_datasets(
             raise UsageError("the embedded corpus needs --validation_split_percentage > 0.")
         raw = default_datasets(validation_fraction=data_args.validation_split_percentage / 100, seed=seed)
         return raw, _text_column(raw, data_args)
+    raw = load_named_data(data_args, model_args)
+    column = _text_column(raw, data_args)
+    return with_validation_split(raw, data_args.validation_split_percentage, seed), column
+
+
+def load_named_data(data_args: DataTrainingArguments, model_args: ModelArguments) -> DatasetDict:
+    """The --dataset_name dataset or the --train_file / --validation_file files as they are (at least a train
+    split); a file that cannot be read is one line naming what is wrong in it."""
     if data_args.dataset_name:
         raw = _from_pretrained(
             load_dataset,
@@ -328,8 +336,7 @@ def load_raw_datasets(
             raise UsageError(f"cannot read {', '.join(files.values())} as {builder}: {reason}") from None
     if "train" not in raw:
         raise UsageError(f"the dataset has no 'train' split (it has: {', '.join(raw)}).")
-    column = _text_column(raw, data_args)
-    return _with_validation_split(raw, data_args.validation_split_percentage, seed), column
+    return raw
 
 
 def _text_column(raw: DatasetDict, data_args: DataTrainingArguments) -> str:
@@ -416,6 +423,12 @@ def load_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) 
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
 
 
+def position_limit(config: PretrainedConfig) -> tuple[str | None, int | None]:
+    """The config's key for the longest sequence the model takes, and its value (None, None: no limit)."""
+    key = next((k for k in _POSITION_KEYS if isinstance(getattr(config, k, None), int)), None)
+    return key, getattr(config, key) if key else None
+
+
 def resolve_block_size(
     data_args: DataTrainingArguments,
     tokenizer: PreTrainedTokenizerBase,
@@ -429,8 +442,7 @@ def resolve_block_size(
         requested = (
             DEFAULT_CORPUS_BLOCK_SIZE if data_args.uses_default_corpus else min(tokenizer.model_max_length, 1024)
         )
-    key = next((k for k in _POSITION_KEYS if isinstance(getattr(config, k, None), int)), None)
-    limit = getattr(config, key) if key else None
+    key, limit = position_limit(config)
     if limit is None or requested <= limit:
         return requested
     if from_scratch and not user_keys.intersection(_POSITION_KEYS):
@@ -464,9 +476,10 @@ def load_model(
     config: PretrainedConfig,
     tokenizer: PreTrainedTokenizerBase,
     auto_class: type = AutoModelForCausalLM,
+    **loading: Any,
 ) -> PreTrainedModel:
-    """The pretrained model, or a new one from `config` (an `auto_class` model: causal LM here, masked LM in
-    run_mlm); embeddings resized if the tokenizer is larger."""
+    """The pretrained model (`loading`: more from_pretrained arguments), or a new one from `config` (an
+    `auto_class` model: causal LM here, masked LM in run_mlm); embeddings resized if the tokenizer is larger."""
     if model_args.model_name_or_path:
         dtype = {"dtype": model_args.torch_dtype} if model_args.torch_dtype else {}
         model = _from_pretrained(
@@ -476,6 +489,7 @@ def load_model(
             config=config,
             **dtype,
             **_hub_kwargs(model_args),
+            **loading,
         )
     else:
         model = auto_class.from_config(config, trust_remote_code=model_args.trust_remote_code)

@@ -140,3 +140,25 @@ def default_mlm_tokenizer(vocab_size: int = 4096) -> PreTrainedTokenizerFast:
     tokenizer = default_tokenizer(vocab_size)
     tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
     return tokenizer
+
+
+SUMMARIZE = "Summarize this documentation in one line."
+
+
+def instruction_datasets(validation_fraction: float = 0.05, seed: int = 42) -> DatasetDict:
+    """Instruction-tuning rows in the Alpaca layout (``instruction``, ``input``, ``output``) from the
+    summarization pairs: the instruction asks for a docstring's one-line summary and the output is that line.
+    Every other row carries the docstring in ``input``; the rest put it in the instruction and leave ``input``
+    empty, so both of the Alpaca prompt's forms occur."""
+    pairs = docstring_summary_datasets(validation_fraction, seed)
+
+    def rows(split: Dataset) -> Dataset:
+        columns: dict[str, list[str]] = {"instruction": [], "input": [], "output": []}
+        for i, (body, summary) in enumerate(zip(split["document"], split["summary"], strict=True)):
+            with_input = i % 2 == 0
+            columns["instruction"].append(SUMMARIZE if with_input else f"{SUMMARIZE}\n\n{body}")
+            columns["input"].append(body if with_input else "")
+            columns["output"].append(summary)
+        return Dataset.from_dict(columns)
+
+    return DatasetDict({name: rows(split) for name, split in pairs.items()})

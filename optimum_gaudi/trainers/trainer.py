@@ -34,6 +34,7 @@ from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
 from ..devices.autocast import OpListAutocast
 from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from ..features import attention, kernels
+from ..features.adalora import AdaLoraBudget, adalora_configs
 from ..features.adam_state import keep_step_counts_on_load
 from ..features.compilation import CompilationLog, CompileOptions, compile_regions, pin_loss_function
 from ..features.metrics import Throughput
@@ -179,6 +180,8 @@ class GaudiTrainerMixin(TrainerShims):
         profiler = GaudiProfilerCallback.from_training_args(args)
         if profiler is not None:
             self.add_callback(profiler)
+        if adalora_configs(self.model):  # as optimum-habana's trainer: AdaLoRA's ranks adapt during training
+            self.add_callback(AdaLoraBudget())
         self._eval_profiler = EvaluationProfiler.from_training_args(args)
         self._timing_out_of_throughput = False
         if self.is_world_process_zero():
