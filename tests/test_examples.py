@@ -91,8 +91,7 @@ def tiny_causal_lm(tmp_path_factory, cache):
 HELP_FLAGS = {
     "run_glue": ["--model_name_or_path", "--max_seq_length", "--task_name", "--use_habana", "--gaudi_config_name"],
     "run_mlm": ["--mlm_probability", "--line_by_line", "--max_seq_length", "--use_lazy_mode"],
-    "run_lora_clm": ["--peft_type", "--lora_rank", "--lora_target_modules", "--dataset_concatenation",
-                     "--train_on_inputs", "--chat_prompt", "--merge_lora", "--use_habana"],
+    "run_lora_clm": ["--peft_type", "--lora_rank", "--dataset_concatenation", "--train_on_inputs", "--merge_lora"],
     "run_summarization": ["--predict_with_generate", "--max_source_length", "--source_prefix", "--use_habana"],
     "run_generation": ["--use_hpu_graphs", "--bf16", "--max_new_tokens", "--num_beams", "--do_sample", "--top_k"],
 }
