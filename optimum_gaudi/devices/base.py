@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -28,7 +30,19 @@ FEATURES = (
     "attn_implementation",
     "use_fused_rms_norm",
     "use_fused_rope",
+    "fp8",
 )
+
+
+@dataclass(frozen=True)
+class Fp8Plan:
+    """How a device trains in fp8 (features/fp8.py): `convert` swaps the given linear layers of a model in
+    place, keeping their weight and bias objects; `autocast`, where not None, is the context each training
+    forward runs in."""
+
+    name: str
+    convert: Callable[[torch.nn.Module, set[torch.nn.Linear]], None]
+    autocast: Callable[[], contextlib.AbstractContextManager] | None = None
 
 
 class Device:
@@ -127,6 +141,30 @@ class Device:
         """A fused rotate-half rotary embedding ``(x, cos, sin) -> x rotated``, cos/sin per position, or None."""
         return None
 
+    # ---- fp8 (features/fp8.py): torchao's float8 training here, the Gaudi Transformer Engine on a Gaudi ------------
+
+    def fp8_problem(self) -> str | None:
+        """Why --fp8 cannot train here, in one line; None when it can."""
+        if importlib.util.find_spec("torchao") is None:
+            return f"--fp8 on {self.type.upper()} uses torchao's float8 training: pip install 'optimum-gaudi[fp8]'."
+        return None
+
+    def fp8_plan(self, minimize_memory: bool, compiling: bool) -> Fp8Plan:
+        """torchao's ``Float8Linear`` (dynamic per-tensor scaling, fp8 matmuls through ``torch._scaled_mm``)."""
+        if minimize_memory:
+            logger.warning(
+                "--minimize_memory has no effect with torchao's float8 training (it keeps no fp8 weight copy)."
+            )
+        with _quiet("torchao"):  # its prebuilt CUDA extensions for another torch fail to load, harmlessly, at import
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        config = Float8LinearConfig()
+
+        def convert(model: torch.nn.Module, layers: set[torch.nn.Linear]) -> None:
+            convert_to_float8_training(model, config=config, module_filter_fn=lambda module, _: module in layers)
+
+        return Fp8Plan("torchao Float8Linear", convert)
+
     def wrap_for_training(self, model: torch.nn.Module, max_graphs: int | None) -> torch.nn.Module:
         """Graph-cache the training forward where the device can; elsewhere the model as it is."""
         return model
@@ -223,3 +261,15 @@ def _copy_into(static: Any, fresh: Any) -> None:
     elif isinstance(static, dict):
         for key in static:
             _copy_into(static[key], fresh[key])
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str):
+    """A library's warnings held back (errors still shown) while it imports."""
+    library = logging.getLogger(logger_name)
+    level = library.level
+    library.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        library.setLevel(level)

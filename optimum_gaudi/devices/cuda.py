@@ -61,10 +61,20 @@ class CUDADevice(Device):
         "attn_implementation": "gaudi_fused_sdpa is transformers' sdpa (torch SDPA (flash / memory-efficient kernels)); --flash_attention_* no-op",
         "use_fused_rms_norm": "no-op: the model's own RMSNorm",
         "use_fused_rope": "no-op: the model's own rotary embedding",
+        "fp8": "torchao Float8Linear on GPUs with fp8 matmuls (compute capability 8.9+)",
     }
 
     def count(self) -> int:
         return torch.cuda.device_count()
+
+    def fp8_problem(self) -> str | None:
+        capability = torch.cuda.get_device_capability()
+        if capability < (8, 9):
+            return (
+                f"--fp8 needs a GPU with fp8 matmuls (compute capability 8.9 or newer: Ada, Hopper, Blackwell); "
+                f"{torch.cuda.get_device_name()} has {capability[0]}.{capability[1]}. Train with --bf16."
+            )
+        return super().fp8_problem()
 
     def wrap_for_training(self, model: nn.Module, max_graphs: int | None) -> nn.Module:
         if max_graphs is not None:

@@ -29,12 +29,15 @@ from ..configuration.op_lists import (
     HABANA_DEFAULT_FP32_OPS,
     op_list_environment,
 )
-from .base import GB, Device, private_inputs, unaliased_outputs
+from .base import GB, Device, Fp8Plan, private_inputs, unaliased_outputs
 
 logger = logging.getLogger(__name__)
 
 LAZY_ENV = "PT_HPU_LAZY_MODE"
 DYNAMIC_SHAPES_ENV = "PT_HPU_ENABLE_REFINE_DYNAMIC_SHAPES"
+TRANSFORMER_ENGINE = (
+    "habana_frameworks.torch.hpex.experimental.transformer_engine"  # re-exports intel_transformer_engine
+)
 _LAUNCH_HINT = "run the script through `optimum-gaudi launch SCRIPT ARGS` (also for one process), which sets it"
 _unavailable_reason: str | None = None
 
@@ -180,6 +183,7 @@ class HPUDevice(Device):
         "attn_implementation": "gaudi_fused_sdpa: hpex.kernels.FusedSDPA (recompute / causal / fast softmax flags)",
         "use_fused_rms_norm": "hpex.normalization.FusedRMSNorm in Llama-style RMSNorm modules",
         "use_fused_rope": "hpex.kernels.RotaryPosEmbeddingHelperV1 for Llama-style rotary embedding",
+        "fp8": "Intel Gaudi Transformer Engine: te.Linear under te.fp8_autocast (delayed scaling, HYBRID format)",
     }
 
     # Modules are looked up per call (sys.modules makes that cheap) so the device object stays picklable:
@@ -374,6 +378,46 @@ class HPUDevice(Device):
         from habana_frameworks.torch.hpex.kernels import RotaryPosEmbeddingHelperV1
 
         return lambda x, cos, sin: RotaryPosEmbeddingHelperV1.apply(x, cos, sin, 0)
+
+    def fp8_problem(self) -> str | None:
+        if importlib.import_module("habana_frameworks.torch.hpu").get_device_name() == "GAUDI":
+            return "--fp8 needs Gaudi 2 or later; this is a first-generation Gaudi. Train with --bf16."
+        try:
+            importlib.import_module(TRANSFORMER_ENGINE)
+        except ImportError as e:
+            return f"--fp8 needs Intel's Gaudi Transformer Engine, which this Gaudi software lacks ({e}). Train with --bf16."
+        return None
+
+    def fp8_plan(self, minimize_memory: bool, compiling: bool) -> Fp8Plan:
+        """``te.Linear`` built without weights and given the layer's own (``skip_weight_param_allocation``, as
+        optimum-habana converts), under ``te.fp8_autocast`` with delayed scaling in the HYBRID format (e4m3
+        forward, e5m2 gradients). Compiled, Transformer Engine runs its ops as custom ops (PT_TE_CUSTOM_OP=1,
+        set before it loads unless the user set it)."""
+        if compiling:
+            os.environ.setdefault("PT_TE_CUSTOM_OP", "1")
+        te = importlib.import_module(TRANSFORMER_ENGINE)
+        recipe = te.recipe.DelayedScaling(fp8_format=te.recipe.Format.HYBRID)
+
+        def make(linear: torch.nn.Linear) -> torch.nn.Module:
+            has_bias = linear.bias is not None
+            layer = te.Linear(linear.in_features, linear.out_features, bias=has_bias, params_dtype=linear.weight.dtype,
+                              skip_weight_param_allocation=True, minimize_memory=minimize_memory)  # fmt: skip
+            layer.weight = linear.weight
+            if has_bias:
+                layer.bias = linear.bias
+            return layer
+
+        def convert(model: torch.nn.Module, layers: set[torch.nn.Linear]) -> None:
+            for parent in list(model.modules()):
+                for name, child in list(parent.named_children()):
+                    if child in layers:
+                        setattr(parent, name, make(child))
+
+        return Fp8Plan(
+            "Intel Gaudi Transformer Engine te.Linear",
+            convert,
+            lambda: te.fp8_autocast(enabled=True, fp8_recipe=recipe),
+        )
 
     def memory_info(self) -> tuple[int, int]:
         free, total = importlib.import_module("habana_frameworks.torch.hpu").mem_get_info()

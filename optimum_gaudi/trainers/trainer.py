@@ -37,6 +37,7 @@ from ..features import attention, kernels
 from ..features.adalora import AdaLoraBudget, adalora_configs
 from ..features.adam_state import keep_step_counts_on_load
 from ..features.compilation import CompilationLog, CompileOptions, compile_regions, pin_loss_function
+from ..features.fp8 import saved_state_dict, use_fp8, without_fp8_state
 from ..features.metrics import Throughput
 from ..features.op_list_check import check_op_lists
 from ..features.profiling import EvaluationProfiler, GaudiProfilerCallback
@@ -171,6 +172,7 @@ class GaudiTrainerMixin(TrainerShims):
         self._eager_step: int | None = None  # --compile_from_sec_iteration: the step that runs eagerly
         if self._compile is not None:
             self._compile.apply_limits()
+        self._fp8 = self.gaudi_device.fp8_plan(args.minimize_memory, self._compile is not None) if args.fp8 else None
 
         super().__init__(*trainer_args, **trainer_kwargs)
 
@@ -316,6 +318,8 @@ class GaudiTrainerMixin(TrainerShims):
             rms_norm=device.rms_norm_kernel() if self.gaudi_config.use_fused_rms_norm else None,
             rotary=device.rotary_kernel() if self.gaudi_config.use_fused_rope else None,
         )
+        if self._fp8 is not None:
+            use_fp8(model, self._fp8)
 
     def _prepare_compile(self, model: nn.Module) -> None:
         """Once per model: pin its loss function (no graph break) and, if asked, compile its blocks and loss."""
@@ -355,7 +359,15 @@ class GaudiTrainerMixin(TrainerShims):
         return stack
 
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> contextlib.AbstractContextManager:
-        return self._autocast() if self._autocast is not None else super().autocast_smart_context_manager(cache_enabled)
+        autocast = (
+            self._autocast() if self._autocast is not None else super().autocast_smart_context_manager(cache_enabled)
+        )
+        if self._fp8 is None or self._fp8.autocast is None or not self.model.training:
+            return autocast
+        stack = contextlib.ExitStack()  # fp8 in training forwards; evaluation in the model's precision, as accelerate
+        stack.enter_context(autocast)
+        stack.enter_context(self._fp8.autocast())
+        return stack
 
     def compute_loss_context_manager(self) -> contextlib.AbstractContextManager:
         parent = super().compute_loss_context_manager()  # any context manager a user's Trainer returns
@@ -599,6 +611,8 @@ class GaudiTrainerMixin(TrainerShims):
     # ---- saving -------------------------------------------------------------------------------------
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        if self._fp8 is not None:  # saved weights as plain transformers reads them: no fp8 scaling state
+            state_dict = without_fp8_state(state_dict) if state_dict is not None else saved_state_dict(self.model)
         super()._save(output_dir, state_dict=state_dict)
         if self.args.should_save:
             self.gaudi_config.save_pretrained(output_dir if output_dir is not None else self.args.output_dir)

@@ -149,7 +149,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments):
         default=False, metadata={"help": "Let torch's math SDPA reduce in bf16/fp16 (torch's process-wide switch)."}
     )
     fp8: bool = field(
-        default=False, metadata={"help": "fp8 training through Intel's Gaudi Transformer Engine (not supported yet)."}
+        default=False,
+        metadata={"help": "fp8 linear layers: Intel's Gaudi Transformer Engine on a Gaudi, torchao on CPU/CUDA."},
     )
     minimize_memory: bool = field(default=False, metadata={"help": "With --fp8: keep fewer fp8 weight copies."})
     # ---- optimum-habana's other fields: same names and meanings (docs/optimum-habana.md says what each does here)
@@ -222,6 +223,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments):
         self._set_bridge_environment()
         self.gaudi_device: Device = detect_device(use_habana=self.use_habana, use_cpu=self.use_cpu)
         problem = self.gaudi_device.argument_problem(self)
+        if problem is None and self.fp8:
+            problem = self.gaudi_device.fp8_problem()
         if problem is not None:
             raise GaudiArgumentError(problem)
         # cpu_amp: autocast on the host even when the model trains on an accelerator
@@ -306,11 +309,7 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments):
         problem = attention.argument_problem(self)
         if problem is not None:
             fail(problem)
-        if self.fp8:
-            fail(
-                "--fp8 (Intel Gaudi Transformer Engine, torchao on CUDA) is not supported by this release; train with --bf16."
-            )
-        if self.minimize_memory:
+        if self.minimize_memory and not self.fp8:
             logger.warning("--minimize_memory only acts with --fp8; it is ignored.")
         check_compile_flags(self)
         self._check_optimum_habana_flags()

@@ -1,0 +1,150 @@
+"""TEST DOUBLE of ``intel_transformer_engine`` (Intel Gaudi Transformer Engine), the package the bridge's
+``hpex/experimental/transformer_engine`` re-exports. ``FAKE_HPU_NO_TE=1``: not installed (ImportError).
+
+Modelled from how the bridge's tests drive it (``tests/pytest_working/any_mode/test_hpu_fp8_te.py``) and from
+NVIDIA's Transformer Engine, which it is derived from (the bridge file carries NVIDIA's copyright):
+
+- ``Linear(in_features, out_features, bias=True, params_dtype=None, skip_weight_param_allocation=False,
+  minimize_memory=False)``; skipping the allocation leaves ``weight`` to be assigned (or passed to ``forward(inp,
+  weight, bias)``); a forward with no weight fails.
+- Outside ``fp8_autocast(enabled=True)`` the layer is a plain linear (the bridge's ``test_te_linear_fp8_disabled``
+  compares it with ``torch.nn.functional.linear``).
+- Inside, input and weight are cast to the recipe's forward fp8 format and the output gradient to its backward
+  format, each scaled by delayed scaling: ``scale = fp8_max / amax`` with amax from ``amax_history`` (the
+  previous steps', ``fp8_meta["scaling_fwd"].amax_history``); the first step uses scale 1. The matmul then runs
+  on the de-scaled values (the real kernel multiplies in fp8 with fp32 accumulation).
+- The scaling state is module state: ``state_dict`` holds ``_extra_state`` (a uint8 tensor, as NVIDIA's TE).
+Every fp8 forward and the autocast entries are recorded (``te.Linear.forward``, ``te.fp8_autocast``).
+"""
+
+import contextlib
+import io
+import os
+import pickle
+
+import habana_frameworks as _hf
+import torch
+import torch.nn.functional as F
+
+from . import recipe
+
+if os.environ.get("FAKE_HPU_NO_TE") == "1":
+    raise ModuleNotFoundError("No module named 'intel_transformer_engine'", name="intel_transformer_engine")
+
+_state = {"enabled": False, "recipe": None}
+
+
+@contextlib.contextmanager
+def fp8_autocast(enabled: bool = True, fp8_recipe: recipe.DelayedScaling | None = None, fp8_group=None):
+    _hf.record(
+        "te.fp8_autocast", enabled=enabled, fp8_format=getattr(getattr(fp8_recipe, "fp8_format", None), "value", None)
+    )
+    saved = dict(_state)
+    _state.update(enabled=enabled, recipe=fp8_recipe or recipe.DelayedScaling())
+    try:
+        yield
+    finally:
+        _state.update(saved)
+
+
+class _Meta:
+    def __init__(self, history: int):
+        self.amax_history = torch.zeros(history, 2)  # [step, (input, weight) or (grad,)]
+        self.steps = 0
+
+    def scale(self, column: int, dtype: torch.dtype, algo: str) -> float:
+        recent = self.amax_history[: self.steps, column]
+        amax = float(recent.max() if algo == "max" else recent[-1]) if self.steps else 0.0
+        return torch.finfo(dtype).max / amax if amax > 0 else 1.0
+
+    def record(self, column: int, amax: float) -> None:
+        row = self.steps % self.amax_history.shape[0]
+        self.amax_history[row, column] = amax
+
+
+def _quantize(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    return ((x.float() * scale).clamp(-torch.finfo(dtype).max, torch.finfo(dtype).max).to(dtype).float() / scale).to(
+        x.dtype
+    )
+
+
+class _Fp8Matmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inp, weight, bias, module):
+        r = module.fp8_meta["recipe"]
+        fwd = r.fp8_format.forward_dtype()
+        meta = module.fp8_meta["scaling_fwd"]
+        q_inp = _quantize(inp, fwd, meta.scale(0, fwd, r.amax_compute_algo))
+        q_w = _quantize(weight.to(inp.dtype), fwd, meta.scale(1, fwd, r.amax_compute_algo))
+        meta.record(0, float(inp.detach().abs().max()))
+        meta.record(1, float(weight.detach().abs().max()))
+        meta.steps += 1
+        ctx.save_for_backward(q_inp, q_w)
+        ctx.module, ctx.has_bias, ctx.dtypes = module, bias is not None, (inp.dtype, weight.dtype)
+        return F.linear(q_inp, q_w, None if bias is None else bias.to(inp.dtype))
+
+    @staticmethod
+    def backward(ctx, grad):
+        q_inp, q_w = ctx.saved_tensors
+        module = ctx.module
+        r = module.fp8_meta["recipe"]
+        bwd = r.fp8_format.backward_dtype()
+        meta = module.fp8_meta["scaling_bwd"]
+        q_grad = _quantize(grad, bwd, meta.scale(0, bwd, r.amax_compute_algo))
+        meta.record(0, float(grad.detach().abs().max()))
+        meta.steps += 1
+        q_grad, q_inp, q_w = q_grad.float(), q_inp.float(), q_w.float()  # fp32 accumulation, as the kernel
+        grad_inp = (q_grad @ q_w).to(ctx.dtypes[0])
+        rows = q_grad.reshape(-1, q_grad.shape[-1])
+        grad_w = (rows.t() @ q_inp.reshape(-1, q_inp.shape[-1])).to(ctx.dtypes[1])
+        grad_b = rows.sum(0) if ctx.has_bias else None
+        return grad_inp, grad_w, grad_b, None
+
+
+class Linear(torch.nn.Module):
+    def __init__(self, in_features, out_features, bias=True, params_dtype=None, skip_weight_param_allocation=False,
+                 minimize_memory=False, **kwargs):  # fmt: skip
+        super().__init__()
+        _hf.record("te.Linear", in_features=in_features, out_features=out_features, bias=bias,
+                   params_dtype=str(params_dtype), skip_weight_param_allocation=skip_weight_param_allocation,
+                   minimize_memory=minimize_memory)  # fmt: skip
+        self.in_features, self.out_features = in_features, out_features
+        self.minimize_memory = minimize_memory
+        dtype = params_dtype or torch.get_default_dtype()
+        if skip_weight_param_allocation:
+            self.weight = None
+        else:
+            self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
+            torch.nn.init.kaiming_uniform_(self.weight, a=5**0.5)
+        self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
+        self.fp8_meta = {"recipe": recipe.DelayedScaling(), "scaling_fwd": _Meta(1024), "scaling_bwd": _Meta(1024)}
+
+    def forward(self, inp, weight=None, bias=None):
+        weight = weight if weight is not None else self.weight
+        bias = bias if bias is not None else self.bias
+        if weight is None:
+            raise RuntimeError("te.Linear was built with skip_weight_param_allocation=True: assign or pass a weight")
+        if tuple(weight.shape) != (self.out_features, self.in_features):
+            raise RuntimeError(f"te.Linear: weight of shape {tuple(weight.shape)}, expected "
+                               f"{(self.out_features, self.in_features)}")  # fmt: skip
+        if not _state["enabled"]:
+            _hf.record("te.Linear.forward", fp8=False)
+            return F.linear(inp, weight.to(inp.dtype), None if bias is None else bias.to(inp.dtype))
+        r = _state["recipe"]
+        if self.fp8_meta["recipe"] is not r:
+            history = r.amax_history_len
+            self.fp8_meta = {"recipe": r, "scaling_fwd": _Meta(history), "scaling_bwd": _Meta(history)}
+        _hf.record("te.Linear.forward", fp8=True, fp8_format=r.fp8_format.value, dtype=str(inp.dtype))
+        return _Fp8Matmul.apply(inp, weight, bias, self)
+
+    def get_extra_state(self) -> torch.Tensor:
+        buffer = io.BytesIO()
+        pickle.dump({k: v.amax_history for k, v in self.fp8_meta.items() if k != "recipe"}, buffer)
+        return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+    def set_extra_state(self, state) -> None:
+        if state is None or (isinstance(state, torch.Tensor) and state.numel() == 0):
+            return
+        histories = pickle.loads(state.numpy().tobytes())
+        for key, history in histories.items():
+            self.fp8_meta[key].amax_history = history
