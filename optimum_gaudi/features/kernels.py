@@ -90,7 +90,8 @@ def fuse_rotary(model: nn.Module, kernel: RotaryKernel) -> int:
     swapped = 0
     for module in model.modules():
         home = sys.modules.get(type(module).__module__)
-        if "forward" in vars(module) or "apply_rotary_pos_emb" not in type(module).forward.__code__.co_names:
+        code = inspect.unwrap(type(module).forward).__code__  # under decorators such as deprecate_kwarg
+        if "forward" in vars(module) or "apply_rotary_pos_emb" not in code.co_names:
             continue
         if not _install_dispatch(home):
             continue
