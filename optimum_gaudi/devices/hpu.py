@@ -16,6 +16,7 @@ import importlib.util
 import logging
 import os
 import sys
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,11 @@ class HPUDevice(Device):
         return int(importlib.import_module("habana_frameworks.torch.hpu").device_count())
 
     def argument_problem(self, args: Any) -> str | None:
+        if (
+            args.flash_attention_fp8
+            and (name := importlib.import_module("habana_frameworks.torch.hpu").get_device_name()) != "GAUDI3"
+        ):
+            return f"--flash_attention_fp8 needs a Gaudi 3 (fp8 attention); this is {name}. Drop it to keep --fp8 elsewhere."
         if (args.use_hpu_graphs_for_training or args.use_hpu_graphs_for_inference) and not args.use_lazy_mode:
             return "HPU Graphs need lazy mode on a Gaudi; add --use_lazy_mode."
         if args.use_hpu_graphs_for_training and args.fp16:  # accelerate's fp16 would rebind ModuleCacher's forward
@@ -348,8 +354,10 @@ class HPUDevice(Device):
         from habana_frameworks.torch.hpex.kernels import FusedSDPA
 
         softmax = "fast" if options.fast_softmax else "None"
+        if options.fp8:
+            return self._fp8_attention_kernel(options, softmax)
 
-        def kernel(q, k, v, mask, dropout_p, is_causal, scale):
+        def kernel(q, k, v, mask, dropout_p, is_causal, scale, layer=None):
             mode = softmax
             if mode == "fast" and not is_causal and (q.requires_grad or k.requires_grad or v.requires_grad):
                 _warn_once(
@@ -358,6 +366,29 @@ class HPUDevice(Device):
                 )
                 mode = "None"
             return FusedSDPA.apply(q, k, v, mask, dropout_p, is_causal, scale, mode, options.recompute, None, "None")
+
+        return kernel
+
+    def _fp8_attention_kernel(self, options: Any, softmax: str) -> Callable[..., torch.Tensor]:
+        """--flash_attention_fp8: the Transformer Engine's ``FusedAttention``, one per attention layer (each keeps
+        its own fp8 scaling state), built as optimum-habana builds it (scale, dropout, recompute) and called with
+        (q, k, v, mask, is_causal, softmax_mode); key/value heads repeated to the query heads. In fp8 inside the
+        training forwards' ``fp8_autocast`` (--fp8), in the model's precision elsewhere."""
+        te = importlib.import_module(TRANSFORMER_ENGINE)
+        per_layer: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+        def kernel(q, k, v, mask, dropout_p, is_causal, scale, layer=None):
+            attention = per_layer.get(layer) if layer is not None else None
+            if attention is None:
+                attention = te.FusedAttention(
+                    scale=scale, attention_dropout=dropout_p, enable_recompute=options.recompute
+                )
+                if layer is not None:
+                    per_layer[layer] = attention
+            groups = q.shape[1] // k.shape[1]
+            if groups > 1:
+                k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+            return attention(q, k, v, mask, is_causal, softmax)
 
         return kernel
 

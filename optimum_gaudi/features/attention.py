@@ -24,8 +24,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 ATTENTION_NAME = "gaudi_fused_sdpa"
 
-# (query, key, value, mask or None, dropout_p, is_causal, scale) -> [batch, heads, q_len, head_dim]
-AttentionKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any, float, bool, Any], torch.Tensor]
+# (query, key, value, mask or None, dropout_p, is_causal, scale, the attention layer) -> [batch, heads, q_len, head_dim]
+AttentionKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any, float, bool, Any, Any], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class FusedAttentionOptions:
     recompute: bool = False  # recompute the attention in the backward instead of keeping it (memory)
     causal_mask: bool = False  # the kernel's causal mode instead of the padding mask (exact for right padding)
     fast_softmax: bool = False  # the kernel's fast (lower-precision) softmax
+    fp8: bool = False  # attention in fp8 inside --fp8's Transformer Engine (a Gaudi 3)
 
     @classmethod
     def from_args(cls, args: Any) -> FusedAttentionOptions:
@@ -42,6 +43,7 @@ class FusedAttentionOptions:
             recompute=bool(getattr(args, "flash_attention_recompute", False)),
             causal_mask=bool(getattr(args, "flash_attention_causal_mask", False)),
             fast_softmax=bool(getattr(args, "flash_attention_fast_softmax", False)),
+            fp8=bool(getattr(args, "flash_attention_fp8", False)),
         )
 
 
@@ -67,11 +69,8 @@ def argument_problem(args: Any) -> str | None:
     given = [f"--{name}" for name in (*_FLAGS, "flash_attention_fp8") if getattr(args, name, False)]
     if given and args.attn_implementation != ATTENTION_NAME:
         return f"{', '.join(given)} set the modes of --attn_implementation {ATTENTION_NAME}; add it or drop them."
-    if getattr(args, "flash_attention_fp8", False):
-        return (
-            "--flash_attention_fp8 (FusedSDPA in fp8 through Intel's Gaudi Transformer Engine) is not supported by "
-            "this release; drop it to run gaudi_fused_sdpa in bf16."
-        )
+    if getattr(args, "flash_attention_fp8", False) and not getattr(args, "fp8", False):
+        return "--flash_attention_fp8 runs attention inside --fp8's Transformer Engine; add --fp8 or drop it."
     return None
 
 
@@ -116,5 +115,5 @@ def fused_sdpa_attention(
         causal = False  # the mask already holds the causal part (sdpa_mask builds it so)
     else:
         causal = causal and q_len > 1 and q_len == kv_len
-    output = _kernel(query, key, value, mask, dropout, causal, scaling)
+    output = _kernel(query, key, value, mask, dropout, causal, scaling, module)
     return output.transpose(1, 2).contiguous(), None

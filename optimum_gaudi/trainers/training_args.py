@@ -144,7 +144,9 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments):
     flash_attention_fast_softmax: bool = field(
         default=False, metadata={"help": "gaudi_fused_sdpa: the kernel's fast (lower precision) softmax."}
     )
-    flash_attention_fp8: bool = field(default=False, metadata={"help": "gaudi_fused_sdpa in fp8 (not supported yet)."})
+    flash_attention_fp8: bool = field(
+        default=False, metadata={"help": "With --fp8 on a Gaudi 3: gaudi_fused_sdpa in fp8 (Transformer Engine)."}
+    )
     sdp_on_bf16: bool = field(
         default=False, metadata={"help": "Let torch's math SDPA reduce in bf16/fp16 (torch's process-wide switch)."}
     )

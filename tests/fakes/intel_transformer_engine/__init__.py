@@ -14,6 +14,10 @@ NVIDIA's Transformer Engine, which it is derived from (the bridge file carries N
   previous steps', ``fp8_meta["scaling_fwd"].amax_history``); the first step uses scale 1. The matmul then runs
   on the de-scaled values (the real kernel multiplies in fp8 with fp32 accumulation).
 - The scaling state is module state: ``state_dict`` holds ``_extra_state`` (a uint8 tensor, as NVIDIA's TE).
+- ``FusedAttention(scale, attention_dropout, enable_recompute)`` called ``(q, k, v, attn_mask, is_causal,
+  softmax_mode)``, as optimum-habana builds and calls it (``optimum/habana/accelerate/utils/transformer_engine.py``);
+  query and key/value heads must match (asserted: the model repeats grouped heads); inside ``fp8_autocast`` q, k
+  and v are rounded through e4m3 with delayed scaling, then attention runs as torch's SDPA.
 Every fp8 forward and the autocast entries are recorded (``te.Linear.forward``, ``te.fp8_autocast``).
 """
 
@@ -148,3 +152,31 @@ class Linear(torch.nn.Module):
         histories = pickle.loads(state.numpy().tobytes())
         for key, history in histories.items():
             self.fp8_meta[key].amax_history = history
+
+
+class FusedAttention(torch.nn.Module):
+    def __init__(self, scale=None, attention_dropout=0.0, enable_recompute=False, **kwargs):
+        super().__init__()
+        self.scale, self.attention_dropout, self.enable_recompute = scale, attention_dropout, enable_recompute
+        self.fp8_meta = {"recipe": recipe.DelayedScaling(), "scaling_fwd": _Meta(1024)}
+
+    def forward(self, q, k, v, attn_mask=None, is_causal=False, softmax_mode="None"):
+        if q.shape[1] != k.shape[1] or k.shape[1] != v.shape[1]:
+            raise RuntimeError(
+                f"FusedAttention: query, key and value heads differ ({q.shape[1]}, {k.shape[1]}, {v.shape[1]})"
+            )
+        _hf.record("te.FusedAttention", instance=id(self), fp8=_state["enabled"], is_causal=is_causal, mask=attn_mask is not None,
+                   recompute=self.enable_recompute, softmax_mode=str(softmax_mode))  # fmt: skip
+        if _state["enabled"]:
+            r = _state["recipe"]
+            meta, dtype = self.fp8_meta["scaling_fwd"], r.fp8_format.forward_dtype()
+            quantized = []
+            for column, x in enumerate((q, k, v)):
+                quantized.append(_quantize(x, dtype, meta.scale(min(column, 1), dtype, r.amax_compute_algo)))
+            meta.record(0, float(q.detach().abs().max()))
+            meta.record(1, float(max(k.detach().abs().max(), v.detach().abs().max())))
+            meta.steps += 1
+            q, k, v = quantized
+        dropout = self.attention_dropout if torch.is_grad_enabled() else 0.0
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal,
+                                              scale=self.scale)  # fmt: skip
