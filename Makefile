@@ -6,6 +6,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
+# torchao (--fp8 on CPU/CUDA) lives beside .venv, not in it: imported by transformers, it logs warnings about its
+# prebuilt CUDA extensions in every process, which would break the tests that a bad input prints one line.
+# tests/test_fp8.py puts it on sys.path.
+TORCHAO := .venv-torchao
 
 .PHONY: venv demo test test-deepspeed test-compat test-compat-all test-compat-trl style bench clean
 
@@ -19,6 +23,7 @@ $(STAMP): setup.py
 		$(PYTHON) -m venv $(VENV) && $(PY) -m pip install -q "torch==$(TORCH_VERSION)"; \
 	fi
 	$(PY) -m pip install -q -e ".[tests,quality]"
+	$(PY) -m pip install -q --target $(TORCHAO) "torchao>=0.10"
 	@touch $(STAMP)
 
 demo: $(STAMP)

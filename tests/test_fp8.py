@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +24,9 @@ from optimum_gaudi import GaudiArgumentError, GaudiTrainer, GaudiTrainingArgumen
 from optimum_gaudi.devices.cuda import CUDADevice
 from optimum_gaudi.features.fp8 import eligible_linears
 
-has_torchao = importlib.util.find_spec("torchao") is not None
+# torchao sits beside .venv (Makefile: TORCHAO), off sys.path until a test here needs it
+TORCHAO_DIR = Path(__file__).resolve().parents[1] / ".venv-torchao"
+has_torchao = importlib.util.find_spec("torchao") is not None or (TORCHAO_DIR / "torchao").is_dir()
 BOTH = pytest.mark.parametrize("gaudi_software", GAUDI_SOFTWARE, indirect=True)
 VOCAB, LENGTH, STEPS = 512, 32, 20
 TOLERANCE = 0.01  # relative, per logged loss
@@ -59,6 +62,12 @@ def assert_close_losses(fp8: list[float], bf16: list[float], tolerance: float = 
     assert 0 < worst < tolerance, worst  # not identical: fp8 did round
 
 
+@pytest.fixture
+def torchao():
+    if importlib.util.find_spec("torchao") is None:
+        sys.path.append(str(TORCHAO_DIR))  # stays: an imported torchao cannot be taken back anyway
+
+
 def test_the_layers_fp8_computes_are_the_linears_of_the_blocks_not_the_output_layer():
     model = llama()
     layers = eligible_linears(model)
@@ -70,7 +79,7 @@ def test_the_layers_fp8_computes_are_the_linears_of_the_blocks_not_the_output_la
 
 
 @pytest.mark.skipif(not has_torchao, reason="needs the [fp8] extra (torchao)")
-def test_fp8_on_cpu_trains_a_llama_in_float8_close_to_bf16(tmp_path):
+def test_fp8_on_cpu_trains_a_llama_in_float8_close_to_bf16(tmp_path, torchao):
     _, bf16 = trained(tmp_path / "bf16")
     trainer, fp8 = trained(tmp_path / "fp8", fp8=True)
     kinds = {type(m).__name__ for m in trainer.model.model.layers.modules() if "Linear" in type(m).__name__}
@@ -85,7 +94,7 @@ def test_fp8_without_torchao_is_one_line(tmp_path, monkeypatch):
         GaudiTrainingArguments(output_dir=str(tmp_path), fp8=True, report_to=[])
 
 
-def test_fp8_on_a_gpu_without_fp8_matmuls_is_one_line(monkeypatch):
+def test_fp8_on_a_gpu_without_fp8_matmuls_is_one_line(monkeypatch, torchao):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100")
     assert CUDADevice().fp8_problem() == (
@@ -198,7 +207,7 @@ def test_flash_attention_fp8_needs_a_gaudi3_and_fp8_in_one_line(tmp_path, gaudi)
 
 
 @pytest.mark.skipif(not has_torchao, reason="needs the [fp8] extra (torchao)")
-def test_flash_attention_fp8_changes_nothing_on_cpu(tmp_path):
+def test_flash_attention_fp8_changes_nothing_on_cpu(tmp_path, torchao):
     _, fp8 = trained(tmp_path / "a", fp8=True, **ATTENTION)
     _, both = trained(tmp_path / "b", fp8=True, flash_attention_fp8=True, **ATTENTION)
     assert both == fp8
