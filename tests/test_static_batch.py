@@ -122,15 +122,17 @@ def test_lazy_mode_on_cpu_pads_nothing_and_changes_nothing(task, tmp_path):
 
 
 # Where the padded rows are provably inert the simulated Gaudi sees 8 rows; elsewhere the short batch
-# runs unpadded. The sequence-classification head computes its loss inline (not via loss_function), which
-# only shows after a padded forward: that forward is thrown away and the batch rerun unpadded.
+# runs unpadded. The first short batch is first run padded and alone (evaluation mode, no gradients) to
+# check that the real rows' outputs agree: the sequence-classification head computes its loss inline (not via
+# loss_function) over all rows, so there they differ and the batch runs unpadded.
+CHECK = [8, 2]  # the check's two forwards
 LAST_ROWS_LAZY = {
-    "regression": [8, 2],
+    "regression": [*CHECK, 2],
     "plain_regression": [2],  # labels go into a forward without loss_function: never padded
-    "classification": [8, 2],
-    "own_compute_loss": [8],
-    "label_smoothing": [8],
-    "causal_lm": [8],  # the model's own loss_function sees the real rows only
+    "classification": [*CHECK, 2],
+    "own_compute_loss": [*CHECK, 8],
+    "label_smoothing": [*CHECK, 8],
+    "causal_lm": [*CHECK, 8],  # the model's own loss_function sees the real rows only
 }
 LAST_ROWS_GRAPHS = {**LAST_ROWS_LAZY, "regression": [2], "classification": [2], "causal_lm": [2]}
 
@@ -157,7 +159,7 @@ def test_padding_under_gradient_accumulation_changes_nothing(task, bridge, tmp_p
     _, loss, norm, weights, rows = train(
         task, tmp_path / "hpu", use_habana=True, use_lazy_mode=True, gradient_accumulation_steps=2
     )
-    assert rows == [BATCH] * 9 and len(loss) == 5  # the last optimizer step has one padded micro-batch
+    assert rows == [BATCH] * 8 + [*CHECK, BATCH] and len(loss) == 5  # the last step has one padded micro-batch
     assert loss == ref_loss and norm == ref_norm
     assert all(torch.equal(weights[k], ref_weights[k]) for k in ref_weights)
 
@@ -172,7 +174,7 @@ def test_padding_rows_count_in_no_throughput(bridge, tmp_path):
 def test_unpadded_warning_is_given_once_per_run(bridge, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
         *_, rows = train("regression", tmp_path, use_habana=True, use_lazy_mode=True, num_train_epochs=3)
-    assert rows.count(2) == 3 and rows.count(BATCH) == 8 * 3 + 1  # one thrown-away padded forward
+    assert rows.count(2) == 3 + 1 and rows.count(BATCH) == 8 * 3 + 1  # the first short batch's check: 8 and 2
     assert sum(UNPADDED in r.getMessage() for r in caplog.records) == 1
 
 
@@ -195,7 +197,7 @@ def test_a_loss_computed_over_the_padding_is_caught_and_rerun_unpadded(caplog):
     torch.manual_seed(0)
     net, x, y = InlineLoss(), torch.randn(2, 3), torch.randn(2)
     expected = net(x, y)["loss"]
-    static = StaticRows(label_names=["labels"], labels_into_forward=True)
+    static = StaticRows(label_names=["labels"], labels_into_forward=True, rng_snapshot=CPUDevice().rng_snapshot)
     with caplog.at_level(logging.WARNING, logger="optimum_gaudi"), static.padding(net, net, rows=2, size=8):
         got = net(x, y)["loss"]
     assert torch.equal(got, expected)
@@ -207,7 +209,7 @@ def test_batch_norm_models_are_never_padded(caplog):
     net = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
     seen = []
     net.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0].size(0)))
-    static = StaticRows(label_names=["labels"], labels_into_forward=True)
+    static = StaticRows(label_names=["labels"], labels_into_forward=True, rng_snapshot=CPUDevice().rng_snapshot)
     with caplog.at_level(logging.WARNING, logger="optimum_gaudi"), static.padding(net, net, rows=2, size=8):
         net(torch.randn(2, 3))
     assert seen == [2] and "batch-norm" in caplog.text
@@ -220,3 +222,87 @@ def test_pad_and_cut_rows_round_trip_nested_outputs():
     assert padded["scale"] is batch["scale"] and padded["nested"][0].shape == (5, 1)
     back = cut_rows(padded, rows=3, size=5)
     assert torch.equal(back["ids"], batch["ids"]) and back["nested"][0].shape == (3, 1)
+
+
+# ---- rows that interact, and the generators (issue 20, point 8) -----------------------------------------------
+
+
+class InBatchContrastive(nn.Module):
+    """CLIP-style in-batch logits: each row scored against every row of the batch, the diagonal the answer."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(100, 16)
+
+    def forward(self, input_ids):
+        h = nn.functional.normalize(self.wte(input_ids).mean(dim=1), dim=-1)
+        return {"logits": h @ h.t() / 0.1}
+
+
+class CenteredRows(nn.Module):
+    """Batch-centred features (capacity-style coupling without batch-norm): every row moves with the others."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte, self.head = nn.Embedding(100, 16), nn.Linear(16, 1)
+
+    def forward(self, input_ids):
+        h = self.wte(input_ids).mean(dim=1)
+        return {"logits": self.head(h - h.mean(dim=0, keepdim=True)).squeeze(-1)}
+
+
+class DiagonalLoss(GaudiTrainer):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        outputs = model(input_ids=inputs["input_ids"])
+        logits = outputs["logits"]
+        if logits.dim() == 2:
+            loss = nn.functional.cross_entropy(logits, torch.arange(logits.size(0)))
+        else:
+            loss = nn.functional.mse_loss(logits, inputs["labels"])
+        return (loss, outputs) if return_outputs else loss
+
+
+@pytest.mark.parametrize("net_cls", [InBatchContrastive, CenteredRows])
+def test_models_whose_rows_interact_are_not_padded(net_cls, bridge, tmp_path, caplog):
+    def run(**kwargs):
+        torch.manual_seed(0)
+        net = net_cls()
+        rows = []
+        net.wte.register_forward_pre_hook(lambda module, inputs: rows.append(inputs[0].size(0)))
+        args = GaudiTrainingArguments(output_dir=str(tmp_path / str(len(kwargs))), num_train_epochs=1,
+                                      per_device_train_batch_size=BATCH, logging_steps=1, report_to=[],
+                                      save_strategy="no", seed=0, remove_unused_columns=False, **kwargs)  # fmt: skip
+        trainer = DiagonalLoss(model=net, args=args, train_dataset=data("regression"))
+        trainer.train()
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h], rows
+
+    reference, _ = run(use_cpu=True, use_lazy_mode=True)
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        losses, rows = run(use_habana=True, use_lazy_mode=True)
+    assert rows == [BATCH] * 8 + [*CHECK, 2]  # checked, then unpadded
+    assert "outputs for the real rows change when rows are added" in caplog.text
+    assert losses == reference
+
+
+def test_the_check_leaves_the_gaudis_generator_as_it_found_it(bridge, tmp_path):
+    """Dropout on a Gaudi draws from the device's generator: the check's extra forwards must not move it."""
+    import habana_frameworks.torch.hpu.random as hpu_random
+
+    class DrawsOnTheDevice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(3, 1)
+
+        def forward(self, x):
+            hpu_random.draw()  # as a dropout mask drawn on the device
+            return {"prediction": self.linear(x).squeeze(-1)}
+
+    net, x = DrawsOnTheDevice(), torch.randn(2, 3)
+    hpu_random.manual_seed(7)
+    hpu_random.draw()  # what one forward draws, alone
+    expected = hpu_random.get_rng_state()
+    hpu_random.manual_seed(7)
+    static = StaticRows(label_names=["labels"], labels_into_forward=True, rng_snapshot=HPUDevice().rng_snapshot)
+    with static.padding(net, net, rows=2, size=8):
+        net(x)  # checked (two forwards, generators restored), then padded
+    assert static.enabled and torch.equal(hpu_random.get_rng_state(), expected)

@@ -96,6 +96,11 @@ class Device:
         """Seed the device's own random generator where torch.manual_seed does not reach it (a Gaudi's); CPU
         and CUDA are seeded by torch.manual_seed."""
 
+    def rng_snapshot(self) -> Callable[[], None]:
+        """Capture the random generators a forward draws from (dropout); the returned function restores them."""
+        state = torch.get_rng_state()
+        return lambda: torch.set_rng_state(state)
+
     def loop_memory(self) -> contextlib.AbstractContextManager:
         """Around a training or evaluation loop: how the device keeps memory freed from one step for the
         next. Device memory has its caching allocator already; host memory is the host's business."""

@@ -67,6 +67,15 @@ class CUDADevice(Device):
     def count(self) -> int:
         return torch.cuda.device_count()
 
+    def rng_snapshot(self) -> Callable[[], None]:
+        restore_host, states = super().rng_snapshot(), torch.cuda.get_rng_state_all()
+
+        def restore() -> None:
+            restore_host()
+            torch.cuda.set_rng_state_all(states)
+
+        return restore
+
     def fp8_problem(self) -> str | None:
         capability = torch.cuda.get_device_capability()
         if capability < (8, 9):

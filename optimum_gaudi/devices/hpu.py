@@ -243,6 +243,17 @@ class HPUDevice(Device):
     def manual_seed(self, seed: int) -> None:
         importlib.import_module("habana_frameworks.torch.hpu.random").manual_seed_all(seed)
 
+    def rng_snapshot(self) -> Callable[[], None]:
+        """The host's generator and the Gaudi's (``hpu/random.py``): dropout on the device draws from the latter."""
+        hpu_random = importlib.import_module("habana_frameworks.torch.hpu.random")
+        restore_host, state = super().rng_snapshot(), hpu_random.get_rng_state()
+
+        def restore() -> None:
+            restore_host()
+            hpu_random.set_rng_state(state)
+
+        return restore
+
     def fused_adamw(self) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
         from habana_frameworks.torch.hpex.optimizers import FusedAdamW
 

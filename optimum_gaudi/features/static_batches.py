@@ -11,10 +11,13 @@ and hands every loss the real rows only:
   the real rows only. That is why such padding is refused under captured graphs: a replayed graph would
   keep the first row count it saw.
 
-The padded rows are then provably inert, provided rows do not interact in the forward (transformers models
-other than batch-norm ones). Whenever that cannot be checked (a batch-norm layer, a loss or any other
-batch-level reduction computed inside the forward by other means, labels going into a model without a
-``loss_function``) the batch runs unpadded, with one warning, and so do all later short batches.
+The padded rows are then inert provided rows do not interact in the forward. That is checked once, on the
+first short batch: its forward is run padded and unpadded (evaluation mode, no gradients, the random
+generators restored) and the real rows' outputs must agree, which in-batch contrastive logits, capacity-limited
+expert routing and batch statistics do not. Whenever padding cannot be shown inert (that check, a batch-norm
+layer, a loss or any other batch-level reduction computed inside the forward by other means, labels going into
+a model without a ``loss_function``) the batch runs unpadded, with one warning, and so do all later short
+batches; an abandoned padded forward is rerun with the host's and the device's generators restored.
 """
 
 from __future__ import annotations
@@ -72,6 +75,12 @@ def cut_rows(value: Any, rows: int, size: int) -> Any:
     return _map_tensors(value, lambda t: t[:rows] if t.dim() > 0 and t.size(0) == size else t)
 
 
+# The real rows' outputs padded and unpadded agree within these (a batch size of its own may change the matmul
+# blocking, and so the last bits of a bf16 result). A difference beyond them gives up padding: at worst a
+# padding that would have been inert is not used (one more graph compilation), never a changed loss.
+ROW_RTOL, ROW_ATOL = 2e-2, 1e-5
+
+
 class _NotInert(Exception):
     """The padded forward produced something computed over the padding rows."""
 
@@ -88,10 +97,14 @@ class StaticRows:
     real rows only); leave it off where forwards are replayed from captured graphs.
     """
 
-    def __init__(self, label_names: list[str], labels_into_forward: bool) -> None:
+    def __init__(
+        self, label_names: list[str], labels_into_forward: bool, rng_snapshot: Callable[[], Callable[[], None]]
+    ) -> None:
         self.label_names = label_names
         self.labels_into_forward = labels_into_forward
+        self.rng_snapshot = rng_snapshot  # the device's: restores the generators a forward draws from
         self.enabled = True
+        self.rows_checked = False
 
     def _give_up(self, reason: str) -> None:
         if self.enabled:
@@ -134,16 +147,50 @@ class StaticRows:
                 + ("" if self.labels_into_forward else " (captured graphs would replay a fixed row count)")
             )
             return run(*args, **kwargs)
-        rng = torch.get_rng_state()  # so an unpadded rerun draws the same dropout masks
+        if not self.rows_checked:
+            self.rows_checked = True
+            problem = self._rows_interact(run, inner, rows, size, args, kwargs)
+            if problem is not None:
+                self._give_up(problem)
+                return run(*args, **kwargs)
+        restore_rng = self.rng_snapshot()  # so an unpadded rerun draws the same dropout masks
         try:
             with _real_rows_loss(inner, rows, size) as own_losses:
                 outputs = run(*pad_rows(args, rows, size), **pad_rows(kwargs, rows, size))
                 _check_inert(outputs, size, own_losses)
         except _NotInert as e:
             self._give_up(str(e))
-            torch.set_rng_state(rng)
+            restore_rng()
             return run(*args, **kwargs)
         return cut_rows(outputs, rows, size)
+
+    def _rows_interact(
+        self, run: Callable, inner: nn.Module, rows: int, size: int, args: tuple, kwargs: dict
+    ) -> str | None:
+        """Why the padding rows would change the real rows' outputs, or None: the forward run padded and unpadded
+        in evaluation mode without gradients (no dropout), the generators and each module's mode restored."""
+        restore_rng, modes = self.rng_snapshot(), [(m, m.training) for m in inner.modules()]
+        try:
+            inner.eval()
+            with torch.no_grad(), _real_rows_loss(inner, rows, size):
+                padded = list(
+                    _tensors(cut_rows(run(*pad_rows(args, rows, size), **pad_rows(kwargs, rows, size)), rows, size))
+                )
+                alone = list(_tensors(run(*args, **kwargs)))
+        finally:
+            for module, training in modes:
+                module.training = training
+            restore_rng()
+        for a, b in zip(padded, alone, strict=False):
+            if a.shape != b.shape or (
+                a.is_floating_point() and not torch.allclose(a.float(), b.float(), rtol=ROW_RTOL, atol=ROW_ATOL)
+            ):
+                return (
+                    "the model's outputs for the real rows change when rows are added (rows that interact in the "
+                    "forward, such as in-batch contrastive logits or capacity-limited expert routing, or a loss or "
+                    "statistic over the whole batch)"
+                )
+        return None
 
 
 def _has_loss_function(model: nn.Module) -> bool:

@@ -226,7 +226,11 @@ class GaudiTrainerMixin(TrainerShims):
         if not self.gaudi_device.static_shapes(args.use_lazy_mode):  # HPU Graphs need lazy mode on a Gaudi
             return None
         label_names = sorted({*self.label_names, "labels", "label", "label_ids"})
-        return StaticRows(label_names, labels_into_forward=not args.use_hpu_graphs_for_training)
+        return StaticRows(
+            label_names,
+            labels_into_forward=not args.use_hpu_graphs_for_training,
+            rng_snapshot=self.gaudi_device.rng_snapshot,
+        )
 
     def create_accelerator_and_postprocess(self) -> None:
         check_report_to(self.args)  # where transformers fails for it, early in Trainer.__init__ (every release)

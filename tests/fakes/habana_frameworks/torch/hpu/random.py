@@ -1,8 +1,10 @@
 """TEST DOUBLE of ``habana_frameworks.torch.hpu.random``: the HPU's random generator.
 
 Follows ``hpu/random.py`` of HabanaAI/gaudi-pytorch-bridge: one default generator (device 0 only);
-``manual_seed`` takes ``int(seed)``; ``manual_seed_all`` is ``manual_seed``. Here the generator is a
-CPU ``torch.Generator`` and each seeding is recorded.
+``manual_seed`` takes ``int(seed)``; ``manual_seed_all`` is ``manual_seed``; ``get_rng_state`` /
+``set_rng_state`` read and restore its state as a tensor. Here the generator is a CPU ``torch.Generator`` (the
+simulator's ops draw from torch's CPU generator, so tests also advance it with ``draw``); seeding and state
+changes are recorded.
 """
 
 import torch
@@ -24,3 +26,18 @@ def manual_seed_all(seed: int) -> None:
 
 def initial_seed() -> int:
     return _generator.initial_seed()
+
+
+def get_rng_state(device="hpu") -> torch.Tensor:
+    _hf.record("hpu.random.get_rng_state")
+    return _generator.get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device="hpu") -> None:
+    _hf.record("hpu.random.set_rng_state")
+    _generator.set_state(new_state)
+
+
+def draw() -> float:
+    """Test helper (not the bridge's): one number from the HPU generator, as a dropout on the device would."""
+    return float(torch.rand(1, generator=_generator))
