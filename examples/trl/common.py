@@ -119,7 +119,7 @@ class PromptLengthArguments:
 def _flash_attention(argv: list[str]) -> list[str]:
     """optimum-habana's --use_flash_attention becomes --attn_implementation gaudi_fused_sdpa before the training
     arguments are built (they register the attention and check the --flash_attention_* modes against it)."""
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     pre.add_argument("--use_flash_attention", type=string_to_bool, nargs="?", const=True, default=False)
     pre.add_argument("--attn_implementation")
     try:
@@ -198,8 +198,9 @@ def named_dataset(script: ScriptArguments) -> Dataset | None:
 
 
 def with_columns(rows: Dataset, script: ScriptArguments, task: str, columns: dict[str, Any]) -> Dataset:
-    """``rows`` as the columns TRL's `task` trainer reads: kept when it has them (the first entry of `columns`
-    lists them), else made by the first entry whose source columns it has; one line naming its columns if none."""
+    """``rows`` with the columns TRL's `task` trainer reads: `columns` maps the columns a dataset may have to the
+    function making the trainer's from them (None: they are the trainer's); the first entry the rows have applies,
+    and with none of them, one line names the columns there are."""
     names = set(rows.column_names)
     for needed, make in columns.items():
         if set(needed) <= names:
