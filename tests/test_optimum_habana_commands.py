@@ -7,6 +7,8 @@ there). A shrunk run keeps every flag but these: the Hub model becomes a tiny lo
 datasets (--dataset_name, --dataset_config_name, --task_name) give way to the examples' embedded data,
 --deepspeed is dropped (DeepSpeed is not installed in the test environment; with it installed it is tested by
 tests/test_deepspeed.py), sizes shrink (steps, batches, lengths, warm-up) and --output_dir is a temporary one.
+The environment variables in front of a command (PT_HPU_LAZY_MODE=1, ...) are set for its run; without a Gaudi
+they change nothing.
 """
 
 from __future__ import annotations
@@ -441,9 +443,11 @@ def run_in_process(command: Command, argv: list[str]) -> dict | None:
 
 
 @pytest.mark.parametrize("command_id", sorted(COMMANDS))
-def test_a_shrunk_copy_trains_on_cpu_to_the_end(command_id, tmp_path, tiny_models):
+def test_a_shrunk_copy_trains_on_cpu_to_the_end(command_id, tmp_path, tiny_models, monkeypatch):
     command = COMMANDS[command_id]
     needs(command)
+    for name, value in command.env.items():
+        monkeypatch.setenv(name, value)
     argv = shrunk(command, tmp_path, tiny_models)
     given = dict(options(argv))
     trains = command.script in TRL_SCRIPTS or "do_train" in given
