@@ -324,3 +324,19 @@ def test_on_a_gaudi_ddp_gets_bigger_buckets_and_bucket_views_unless_the_user_set
 def test_elsewhere_ddp_keeps_transformers_settings(tmp_path):
     handler = _ddp_handler_after_wrap(tmp_path, use_habana=True)  # no Gaudi here: the CPU
     assert (handler.bucket_cap_mb, handler.gradient_as_bucket_view) == (25, False)
+
+
+# ---- --optim paged_adamw_32bit, on optimum-habana's TRL command lines -----------------------------------------
+
+
+def test_paged_adamw_32bit_without_bitsandbytes_is_adamw_with_one_line(tmp_path, caplog, monkeypatch):
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real_find_spec(name, *a)
+    )
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        args = parse(tmp_path, "--optim", "paged_adamw_32bit")
+    assert args.optim == "adamw_torch"
+    assert len([r for r in caplog.records if "paged_adamw_32bit needs bitsandbytes" in r.message]) == 1

@@ -158,6 +158,12 @@ class DataTrainingArguments:
         default=None,
         metadata={"help": "Column holding the text in .csv/.json/.jsonl files or a dataset (default: text)."},
     )
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "optimum-habana's streaming mode: accepted, but the data is read in full (one line says so)."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.validation_file and not self.train_file:
@@ -185,6 +191,8 @@ class DataTrainingArguments:
         ):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} must be >= 1 (or unset for all), got {value}.")
+        if self.streaming:
+            logger.warning("--streaming: the dataset is read in full here, not streamed (it must fit in memory).")
 
     @property
     def uses_default_corpus(self) -> bool:

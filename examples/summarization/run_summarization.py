@@ -78,6 +78,12 @@ class DataTrainingArguments:
     pad_to_max_length: bool = field(
         default=False, metadata={"help": "Pad every example to the max lengths (static shapes)."}
     )
+    ignore_pad_token_for_loss: bool = field(
+        default=True,
+        metadata={
+            "help": "Leave the padding of the summaries out of the loss (false: padding tokens are targets too)."
+        },
+    )
     max_train_samples: int | None = field(default=None, metadata={"help": "Use at most this many training pairs."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Use at most this many evaluation pairs."})
     validation_split_percentage: int = field(
@@ -135,12 +141,20 @@ def _ending_in_eos(ids: list[list[int]], eos: int | None) -> list[list[int]]:
     return [seq if seq and seq[-1] == eos else [*seq, eos] for seq in ids]
 
 
+def label_padding(tokenizer: PreTrainedTokenizerBase, data_args: DataTrainingArguments) -> int:
+    """The id that pads the summaries: -100 (left out of the loss) unless --ignore_pad_token_for_loss false."""
+    if data_args.ignore_pad_token_for_loss or tokenizer.pad_token_id is None:
+        return -100
+    return tokenizer.pad_token_id
+
+
 def tokenize_pairs(
     raw: DatasetDict, tokenizer: PreTrainedTokenizerBase, columns: tuple[str, str], data_args: DataTrainingArguments
 ) -> DatasetDict:
     text, summary = columns
     padding = "max_length" if data_args.pad_to_max_length else False
     eos = tokenizer.eos_token_id
+    label_pad = label_padding(tokenizer, data_args)
 
     def tokenize(batch: dict[str, list]) -> dict[str, Any]:
         documents = [data_args.source_prefix + (d or "") for d in batch[text]]
@@ -149,7 +163,7 @@ def tokenize_pairs(
                             max_length=data_args.max_target_length - 1)["input_ids"]  # fmt: skip
         labels = _ending_in_eos(targets, eos)
         if data_args.pad_to_max_length:
-            labels = [seq + [-100] * (data_args.max_target_length - len(seq)) for seq in labels]
+            labels = [seq + [label_pad] * (data_args.max_target_length - len(seq)) for seq in labels]
         return {**inputs, "labels": labels}
 
     return raw.map(
@@ -220,7 +234,10 @@ def build_trainer(
     take = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples}
     subsets = {s: d.select(range(min(take[s], len(d)))) if take[s] else d for s, d in tokenized.items()}
     collator = DataCollatorForSeq2Seq(
-        tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=None if data_args.pad_to_max_length else 8
+        tokenizer,
+        model=model,
+        label_pad_token_id=label_padding(tokenizer, data_args),
+        pad_to_multiple_of=None if data_args.pad_to_max_length else 8,
     )
     return GaudiSeq2SeqTrainer(
         model=model,

@@ -72,6 +72,13 @@ class ModelArguments(run_clm.ModelArguments):
             "choices": sorted(MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES),
         },
     )
+    add_pad_token: bool = field(
+        default=False,
+        metadata={
+            "help": "A model without a padding token (Llama) pads with its eos token, in the tokenizer and the "
+            "model config (as optimum-habana's run_glue.py)."
+        },
+    )
 
 
 @dataclass
@@ -234,6 +241,10 @@ def build_trainer(
     logger.info("Texts: %s; %d labels: %s", {s: len(d) for s, d in raw.items()}, len(names), names)
     tokenizer = run_clm.load_tokenizer(model_args)
     config, _ = run_clm.load_config(model_args, tokenizer)
+    pad = getattr(config, "pad_token_id", None)
+    if model_args.add_pad_token and (pad is None or pad < 0):
+        tokenizer.pad_token = tokenizer.eos_token
+        config.pad_token_id = tokenizer.pad_token_id
     config.num_labels = len(names)
     config.id2label = dict(enumerate(names))
     config.label2id = {name: i for i, name in enumerate(names)}

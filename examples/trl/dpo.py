@@ -5,14 +5,27 @@
 
 With no model it starts from a small Llama-shaped model and an embedded preference set: a prompt naming a
 standard-library docstring's first word, its docstring as the chosen answer and an evasive one as rejected.
-The reference model is a frozen copy of the starting model, as in TRL.
+The reference model is a frozen copy of the starting model, as in TRL; with LoRA adapters (``--use_peft``,
+``--lora_*``, as optimum-habana's dpo.py) it is the model with its adapters turned off. ``--dataset_name``
+reads prompt/chosen/rejected columns, or Stack Exchange's question/response_j/response_k;
+``--tokenizer_name_or_path`` and ``--max_prompt_length`` (TRL < 1's option) are optimum-habana's.
 """
 
 from __future__ import annotations
 
 import copy
+from typing import Any
 
-from common import corpus, finish, model_and_tokenizer, parse
+from common import (
+    PromptLengthArguments,
+    corpus,
+    cut_prompts,
+    finish,
+    model_and_tokenizer,
+    named_dataset,
+    parse,
+    with_columns,
+)
 from datasets import Dataset
 from optimum_gaudi.trl import GaudiDPOConfig, GaudiDPOTrainer
 
@@ -34,12 +47,34 @@ def preference_rows(texts: list[str]) -> list[dict[str, str]]:
     return rows
 
 
+def stack_exchange_pair(row: dict[str, Any]) -> dict[str, str]:
+    """A Stack Exchange pair as optimum-habana's dpo.py writes lvwerra/stack-exchange-paired."""
+    return {
+        "prompt": f"Question: {row['question']}\n\nAnswer: ",
+        "chosen": row["response_j"],
+        "rejected": row["response_k"],
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
-    script, config = parse(GaudiDPOConfig, argv)
+    script, config, lengths = parse(GaudiDPOConfig, argv, PromptLengthArguments)
     model, tokenizer = model_and_tokenizer(script, config)
-    data = Dataset.from_list(preference_rows(corpus(script, 1000)))
-    reference = copy.deepcopy(model).eval()  # the frozen starting point (TRL would reload it from the model's path)
-    trainer = GaudiDPOTrainer(model, reference, config, train_dataset=data, processing_class=tokenizer)
+    rows = named_dataset(script)
+    if rows is None:
+        rows = Dataset.from_list(preference_rows(corpus(script, 1000)))
+    else:
+        columns = {
+            ("prompt", "chosen", "rejected"): None,
+            ("question", "response_j", "response_k"): stack_exchange_pair,
+        }
+        rows = with_columns(rows, script, "DPO", columns)
+    rows = cut_prompts(rows, tokenizer, lengths.max_prompt_length)
+    peft_config = script.peft_config()
+    # the frozen starting point (TRL would reload it from the model's path); with adapters, the adapters turned off
+    reference = None if peft_config is not None else copy.deepcopy(model).eval()
+    trainer = GaudiDPOTrainer(
+        model, reference, config, train_dataset=rows, processing_class=tokenizer, peft_config=peft_config
+    )
     finish(trainer)
 
 

@@ -5,23 +5,68 @@
         --attn_implementation gaudi_fused_sdpa --bf16 true
 
 With no model it trains a small Llama-shaped model from scratch on the embedded corpus (docstrings of Python's
-standard library); ``--model_name_or_path`` fine-tunes yours. Every SFTConfig and Gaudi flag applies.
+standard library); ``--model_name_or_path`` fine-tunes yours. Every SFTConfig and Gaudi flag applies, and so do
+the arguments of optimum-habana's sft.py: ``--dataset_name`` (a ``text`` or ``messages`` column, or Stack
+Exchange's question/response_j), ``--subset``, ``--use_peft`` / ``--lora_*`` (LoRA adapters),
+``--use_flash_attention``, ``--max_seq_length`` (TRL's former name of ``--max_length``); ``--do_eval`` holds
+out ``--validation_split_percentage`` of the examples and reports their loss and perplexity.
 """
 
 from __future__ import annotations
 
-from common import corpus, finish, model_and_tokenizer, parse
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from common import corpus, finish, hold_out, model_and_tokenizer, named_dataset, parse, with_columns
 from datasets import Dataset
 from optimum_gaudi.trl import GaudiSFTConfig, GaudiSFTTrainer
 
-from optimum_gaudi.errors import run_main
+from optimum_gaudi.errors import UserError, run_main
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SFTLengthArguments:
+    max_seq_length: int | None = field(
+        default=None, metadata={"help": "TRL's former name of --max_length, read as it (with one line)."}
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_seq_length is not None and self.max_seq_length < 1:
+            raise UserError(f"--max_seq_length must be >= 1, got {self.max_seq_length}.")
+
+
+def stack_exchange_text(row: dict[str, Any]) -> dict[str, str]:
+    """A Stack Exchange pair as optimum-habana's sft.py writes it for lvwerra/stack-exchange-paired."""
+    return {"text": f"Question: {row['question']}\n\nAnswer: {row['response_j']}"}
 
 
 def main(argv: list[str] | None = None) -> None:
-    script, config = parse(GaudiSFTConfig, argv)
+    script, config, lengths = parse(GaudiSFTConfig, argv, SFTLengthArguments)
+    if lengths.max_seq_length is not None:
+        config.max_length = lengths.max_seq_length
+        logger.warning("--max_seq_length (TRL's former name) is read as --max_length %d.", config.max_length)
     model, tokenizer = model_and_tokenizer(script, config)
-    data = Dataset.from_dict({"text": corpus(script, 2000)})
-    finish(GaudiSFTTrainer(model=model, args=config, train_dataset=data, processing_class=tokenizer))
+    rows = named_dataset(script)
+    if rows is None:
+        rows = Dataset.from_dict({"text": corpus(script, 2000)})
+    else:
+        kinds = {("text",): None, ("messages",): None, ("prompt", "completion"): None}
+        rows = with_columns(rows, script, "SFT", {**kinds, ("question", "response_j"): stack_exchange_text})
+    eval_rows = None
+    if config.do_eval:
+        rows, eval_rows = hold_out(rows, script, config.seed)
+    trainer = GaudiSFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=rows,
+        eval_dataset=eval_rows,
+        processing_class=tokenizer,
+        peft_config=script.peft_config(),
+    )
+    finish(trainer, evaluate=config.do_eval)
 
 
 if __name__ == "__main__":

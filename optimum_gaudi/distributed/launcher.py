@@ -294,11 +294,24 @@ def run(plan: LaunchPlan, command: Sequence[str], env: Mapping[str, str] | None 
     return 0
 
 
+def _warn_about_quotes_kept(script_args: Sequence[str]) -> None:
+    """gaudi_spawn.py joins the script's arguments into a command that bash reads again, so optimum-habana's READMEs
+    quote some values twice (--source_prefix '"summarize: "'); passed on as given, those quotes reach the script."""
+    quoted = next((word for word in script_args if len(word) > 1 and word[0] == word[-1] and word[0] in "\"'"), None)
+    if quoted is not None:
+        print(
+            f"optimum-gaudi launch: warning: the script argument {quoted} keeps its quotes: arguments are passed on as "
+            "your shell gave them (gaudi_spawn.py had bash read them again); quote once to drop them.",
+            file=sys.stderr,
+        )
+
+
 def launch(args: argparse.Namespace) -> int:
     """``optimum-gaudi launch``: raise LaunchError for settings that cannot work, else run the job."""
     from ..configuration.launch_env import launch_environment
 
     plan = resolve(args)
+    _warn_about_quotes_kept(plan.script_args)
     try:
         bridge_env = launch_environment(plan.script_args)  # read by the Gaudi bridge when it loads, before our code
     except ValueError as e:  # an exported PT_HPU_LAZY_MODE against the script's arguments

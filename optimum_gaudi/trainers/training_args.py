@@ -205,6 +205,7 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments):
 
     def __post_init__(self) -> None:
         apply_removed_arguments(self)  # transformers 4's arguments on optimum-habana command lines, first
+        _paged_adamw_without_bitsandbytes(self)
         # TrainingArguments.__post_init__ would turn torch_compile on from its mode or backend, but only after
         # the checks below ran; apply its rule first so they see the flag the run will really have.
         if self.torch_compile_mode is not None or self.torch_compile_backend is not None:
@@ -431,6 +432,20 @@ _NUMERIC_RANGES = (
     ("adam_epsilon", 0, None),
     ("dataloader_num_workers", 0, None),
 )
+
+
+def _paged_adamw_without_bitsandbytes(args: TrainingArguments) -> None:
+    """optimum-habana's TRL command lines pass --optim paged_adamw_32bit, bitsandbytes' AdamW whose state pages
+    out to host memory under pressure: the update is AdamW's (on a Gaudi its scripts' use_fused_adam trains with
+    Habana's fused AdamW instead). Where bitsandbytes is not installed the run takes torch's AdamW, with one line."""
+    optim = getattr(args.optim, "value", args.optim)
+    if optim != "paged_adamw_32bit" or importlib.util.find_spec("bitsandbytes") is not None:
+        return
+    args.optim = "adamw_torch"
+    logger.warning(
+        "--optim paged_adamw_32bit needs bitsandbytes, which is not installed: training with adamw_torch, the same "
+        "AdamW update without paging its state to host memory."
+    )
 
 
 def _check_standard_flags(args: TrainingArguments) -> None:
