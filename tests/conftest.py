@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -78,3 +79,22 @@ def _accelerate_environment():
     for key in [k for k in os.environ if k.startswith("ACCELERATE_") and k not in saved]:
         del os.environ[key]
     os.environ.update(saved)
+
+
+# torchao (--fp8 on CPU) sits beside .venv (the Makefile's TORCHAO): off sys.path until a test needs it, because
+# transformers imports it in every process and it logs about its CUDA extensions there.
+TORCHAO_DIR = Path(__file__).resolve().parents[1] / ".venv-torchao"
+has_torchao = importlib.util.find_spec("torchao") is not None or (TORCHAO_DIR / "torchao").is_dir()
+
+
+def use_torchao() -> None:
+    """Make torchao importable in this process (it stays: an imported module cannot be taken back anyway)."""
+    if importlib.util.find_spec("torchao") is None:
+        if not has_torchao:
+            pytest.skip("--fp8 on CPU needs torchao: make test installs it in .venv-torchao")
+        sys.path.append(str(TORCHAO_DIR))
+
+
+@pytest.fixture
+def torchao():
+    use_torchao()

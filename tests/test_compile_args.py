@@ -1,6 +1,8 @@
 """--torch_compile_mode / --torch_compile_backend turn compilation on before the Gaudi checks run (issue 9,
 point 2): contradictions are refused however compilation was asked for, and a Gaudi compiles with hpu_backend."""
 
+import logging
+
 import pytest
 from transformers import HfArgumentParser
 
@@ -66,3 +68,12 @@ def test_the_reported_combination_is_refused(tmp_path, bridge):
             tmp_path, "--use_habana", "--torch_compile_mode", "reduce-overhead",
             "--use_lazy_mode", "--use_hpu_graphs_for_training",
         )  # fmt: skip
+
+
+def test_the_gaudis_compile_backend_on_an_optimum_habana_command_line_becomes_this_devices(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        args = GaudiTrainingArguments(
+            output_dir=str(tmp_path), torch_compile=True, torch_compile_backend="hpu_backend", report_to=[]
+        )
+    assert args.torch_compile_backend == "inductor"
+    assert "--torch_compile_backend hpu_backend is the Gaudi's; on CPU torch.compile uses inductor." in caplog.text

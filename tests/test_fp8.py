@@ -13,20 +13,16 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import GAUDI_SOFTWARE
+from conftest import GAUDI_SOFTWARE, has_torchao
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from optimum_gaudi import GaudiArgumentError, GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.devices.cuda import CUDADevice
 from optimum_gaudi.features.fp8 import eligible_linears
 
-# torchao sits beside .venv (Makefile: TORCHAO), off sys.path until a test here needs it
-TORCHAO_DIR = Path(__file__).resolve().parents[1] / ".venv-torchao"
-has_torchao = importlib.util.find_spec("torchao") is not None or (TORCHAO_DIR / "torchao").is_dir()
 BOTH = pytest.mark.parametrize("gaudi_software", GAUDI_SOFTWARE, indirect=True)
 VOCAB, LENGTH, STEPS = 512, 32, 20
 TOLERANCE = 0.01  # relative, per logged loss
@@ -60,12 +56,6 @@ def assert_close_losses(fp8: list[float], bf16: list[float], tolerance: float = 
     assert len(fp8) == len(bf16) == STEPS
     worst = max(abs(a - b) / b for a, b in zip(fp8, bf16, strict=True))
     assert 0 < worst < tolerance, worst  # not identical: fp8 did round
-
-
-@pytest.fixture
-def torchao():
-    if importlib.util.find_spec("torchao") is None:
-        sys.path.append(str(TORCHAO_DIR))  # stays: an imported torchao cannot be taken back anyway
 
 
 def test_the_layers_fp8_computes_are_the_linears_of_the_blocks_not_the_output_layer():

@@ -239,6 +239,13 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments):
             self.gaudi_device.register_ddp_backend()
         if self.torch_compile and self.torch_compile_backend is None:
             self.torch_compile_backend = self.gaudi_device.compile_backend
+        elif self.torch_compile_backend == "hpu_backend" != self.gaudi_device.compile_backend:
+            logger.warning(  # an optimum-habana command line, run where there is no Gaudi
+                "--torch_compile_backend hpu_backend is the Gaudi's; on %s torch.compile uses %s.",
+                self.gaudi_device.type.upper(),
+                self.gaudi_device.compile_backend,
+            )
+            self.torch_compile_backend = self.gaudi_device.compile_backend
         super().__post_init__()
         self._check_deepspeed_config()
         if self.non_blocking_data_copy:
