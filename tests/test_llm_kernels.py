@@ -113,7 +113,10 @@ def test_the_attention_function_matches_sdpa_with_padding_and_grouped_heads():
     ("flags", "words"),
     [
         (dict(flash_attention_recompute=True), "--flash_attention_recompute set the modes of --attn_implementation"),
-        (dict(attn_implementation="gaudi_fused_sdpa", flash_attention_fp8=True), "not supported by this release"),
+        (
+            dict(attn_implementation="gaudi_fused_sdpa", flash_attention_fp8=True),
+            "runs attention inside --fp8's Transformer Engine",
+        ),
     ],
 )
 def test_attention_flags_without_their_implementation_are_one_line(tmp_path, flags, words):
