@@ -387,8 +387,18 @@ class GaudiTrainerMixin(TrainerShims):
         self._throughput.count_batch(inputs, rows)
         with contextlib.ExitStack() as stack:
             if self._static_rows is not None and rows is not None:
-                unwrapped = self.accelerator.unwrap_model(model)
-                stack.enter_context(self._static_rows.padding(model, unwrapped, rows, self._train_batch_size))
+                unwrapped, size = self.accelerator.unwrap_model(model), self._train_batch_size
+                padded = self._static_rows.masked_batch(
+                    inputs,
+                    unwrapped,
+                    rows,
+                    size,
+                    lambda batch: self._loss_and_outputs(model, batch, num_items_in_batch),
+                )
+                if padded is not None:
+                    inputs = padded  # the whole step at the full batch's shapes
+                else:
+                    stack.enter_context(self._static_rows.padding(model, unwrapped, rows, size))
             if self._compile is not None:
                 stack.enter_context(self._compiled_step(inputs))
             loss = super().training_step(model, inputs, num_items_in_batch)
@@ -397,6 +407,13 @@ class GaudiTrainerMixin(TrainerShims):
         if self._grad_allreduce is not None and self.accelerator.gradient_state.sync_gradients:
             self._grad_allreduce()  # before clipping, which then sees the averaged gradients
         return loss
+
+    def _loss_and_outputs(self, model: nn.Module, batch: dict[str, Any], num_items_in_batch: Any) -> tuple[Any, Any]:
+        """This trainer's loss and outputs for a batch, as its training step computes them (static batches'
+        check; the caller sets evaluation mode and no gradients)."""
+        batch = self._prepare_inputs(batch)
+        with self.compute_loss_context_manager():
+            return self.compute_loss(model, batch, return_outputs=True, num_items_in_batch=num_items_in_batch)
 
     def _compiled_step(self, inputs: dict[str, Any]) -> contextlib.ExitStack:
         """Eager on the first iteration with --compile_from_sec_iteration; graphs built counted and logged."""
