@@ -339,3 +339,40 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# ---- 11. unused parameters under training graphs: no gradient, as in eager training ---------------------------
+
+
+class WithUnusedHead(torch.nn.Module):
+    """A causal LM with a trainable head its forward never uses (as an unused pooler or a LayerDrop layer)."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm, self.unused_head = lm, torch.nn.Linear(8, 8)
+
+    def forward(self, input_ids, labels=None):
+        return self.lm(input_ids=input_ids, labels=labels)
+
+
+def test_a_parameter_the_forward_does_not_use_is_not_decayed_under_training_graphs(
+    bridge, tmp_path, tiny_gpt2, tiny_lm_data
+):
+    """The bridge's training graphs give it a zero gradient every step (materialize_grads): AdamW's weight decay
+    then shrank it, where eager training (CPU, CUDA, a Gaudi without graphs) leaves it alone."""
+
+    def trained(**flags):
+        torch.manual_seed(0)
+        model = WithUnusedHead(tiny_gpt2())
+        args = hpu_args(tmp_path / str(len(flags)), weight_decay=0.1, learning_rate=0.05, **flags)
+        GaudiTrainer(model=model, args=args, train_dataset=tiny_lm_data).train()
+        return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+    eager = trained(use_lazy_mode=True)
+    graphs = trained(use_lazy_mode=True, use_hpu_graphs_for_training=True)
+    assert bridge().calls_named("hpu.ModuleCacher.forward", cached=True)
+    torch.manual_seed(0)
+    initial = WithUnusedHead(tiny_gpt2()).unused_head.weight
+    assert torch.equal(eager["unused_head.weight"], initial)
+    assert torch.equal(graphs["unused_head.weight"], initial)
+    assert all(torch.equal(graphs[name], eager[name]) for name in eager)

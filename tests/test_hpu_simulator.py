@@ -72,6 +72,8 @@ def test_lazy_mode_full_gaudi_path(bridge, tmp_path, tiny_gpt2, tiny_lm_data):
         "hpu.ModuleCacher",
         "hpu.ModuleCacher.__call__",
         "hpu.reset_peak_memory_stats",
+        "hpu.random.get_rng_state",  # one eager forward finds unused parameters, the generators put back
+        "hpu.random.set_rng_state",
     ]
     assert names(train_calls).count("hpex.normalization.FusedClipNorm") == 1  # built once, at the first clip
     assert "hpu.wrap_in_hpu_graph" in names(eval_calls) and "core.mark_step" in names(eval_calls)

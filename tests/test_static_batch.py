@@ -121,20 +121,22 @@ def test_lazy_mode_on_cpu_pads_nothing_and_changes_nothing(task, tmp_path):
     assert all(torch.equal(weights[k], ref_weights[k]) for k in ref_weights)
 
 
-# Where the padded rows are provably inert the simulated Gaudi sees 8 rows; elsewhere the short batch
-# runs unpadded. The first short batch is first run padded and alone (evaluation mode, no gradients) to
-# check that the real rows' outputs agree: the sequence-classification head computes its loss inline (not via
-# loss_function) over all rows, so there they differ and the batch runs unpadded.
-CHECK = [8, 2]  # the check's two forwards
+# Where padding is provably inert the simulated Gaudi sees 8 rows; elsewhere the short batch runs unpadded.
+# The first short batch is checked first (evaluation mode, no gradients): masked, the batch alone and padded
+# with label -100 rows must give the same loss and real-row outputs (language modeling, classification and a
+# label smoother skip -100; MSE does not); else cut, the real rows' outputs padded and alone must agree.
+MASKED_CHECK = [2, 8]  # the trainer's loss alone, then padded with -100 labels
+CUT_CHECK = [8, 2]  # the forward padded, then alone
 LAST_ROWS_LAZY = {
-    "regression": [*CHECK, 2],
-    "plain_regression": [2],  # labels go into a forward without loss_function: never padded
-    "classification": [*CHECK, 2],
-    "own_compute_loss": [*CHECK, 8],
-    "label_smoothing": [*CHECK, 8],
-    "causal_lm": [*CHECK, 8],  # the model's own loss_function sees the real rows only
+    "regression": [*MASKED_CHECK, *CUT_CHECK, 2],  # its inline MSE counts -100 labels and the padding rows
+    "plain_regression": [*MASKED_CHECK, 2],  # labels go into a forward without loss_function: never cut
+    "classification": [*MASKED_CHECK, 8],
+    "own_compute_loss": [*MASKED_CHECK, *CUT_CHECK, 8],  # its MSE counts -100 labels: cut instead
+    "label_smoothing": [*MASKED_CHECK, 8],
+    "causal_lm": [*MASKED_CHECK, 8],
 }
-LAST_ROWS_GRAPHS = {**LAST_ROWS_LAZY, "regression": [2], "classification": [2], "causal_lm": [2]}
+# masked padding needs no cut inside the captured forward; the cut one does, which a replayed graph cannot take
+LAST_ROWS_GRAPHS = {**LAST_ROWS_LAZY, "regression": [*MASKED_CHECK, 2]}
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["lazy", "lazy+hpu_graphs"])
@@ -147,7 +149,8 @@ def test_simulated_gaudi_pads_only_inert_rows(task, graphs, bridge, tmp_path, ca
         )
     assert isinstance(trainer.args.gaudi_device, HPUDevice)
     expected = (LAST_ROWS_GRAPHS if graphs else LAST_ROWS_LAZY)[task]
-    assert rows == [BATCH] * 8 + expected
+    first = [BATCH] if graphs else []  # under training graphs, step 1 also finds unused parameters: one forward
+    assert rows == first + [BATCH] * 8 + expected
     assert sum(UNPADDED in r.getMessage() for r in caplog.records) == (expected[-1] == 2)
     assert loss == ref_loss and norm == ref_norm  # bit for bit, padded or not
     assert all(torch.equal(weights[k], ref_weights[k]) for k in ref_weights)
@@ -159,7 +162,8 @@ def test_padding_under_gradient_accumulation_changes_nothing(task, bridge, tmp_p
     _, loss, norm, weights, rows = train(
         task, tmp_path / "hpu", use_habana=True, use_lazy_mode=True, gradient_accumulation_steps=2
     )
-    assert rows == [BATCH] * 8 + [*CHECK, BATCH] and len(loss) == 5  # the last step has one padded micro-batch
+    expected = LAST_ROWS_LAZY[task]
+    assert rows == [BATCH] * 8 + expected and len(loss) == 5  # the last step has one padded micro-batch
     assert loss == ref_loss and norm == ref_norm
     assert all(torch.equal(weights[k], ref_weights[k]) for k in ref_weights)
 
@@ -174,7 +178,7 @@ def test_padding_rows_count_in_no_throughput(bridge, tmp_path):
 def test_unpadded_warning_is_given_once_per_run(bridge, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
         *_, rows = train("regression", tmp_path, use_habana=True, use_lazy_mode=True, num_train_epochs=3)
-    assert rows.count(2) == 3 + 1 and rows.count(BATCH) == 8 * 3 + 1  # the first short batch's check: 8 and 2
+    assert rows.count(2) == 3 + 2 and rows.count(BATCH) == 8 * 3 + 2  # the first short batch's checks: 2, 8, 8, 2
     assert sum(UNPADDED in r.getMessage() for r in caplog.records) == 1
 
 
@@ -279,7 +283,7 @@ def test_models_whose_rows_interact_are_not_padded(net_cls, bridge, tmp_path, ca
     reference, _ = run(use_cpu=True, use_lazy_mode=True)
     with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
         losses, rows = run(use_habana=True, use_lazy_mode=True)
-    assert rows == [BATCH] * 8 + [*CHECK, 2]  # checked, then unpadded
+    assert rows == [BATCH] * 8 + [*MASKED_CHECK, *CUT_CHECK, 2]  # checked both ways, then unpadded
     assert "outputs for the real rows change when rows are added" in caplog.text
     assert losses == reference
 
@@ -306,3 +310,52 @@ def test_the_check_leaves_the_gaudis_generator_as_it_found_it(bridge, tmp_path):
     with static.padding(net, net, rows=2, size=8):
         net(x)  # checked (two forwards, generators restored), then padded
     assert static.enabled and torch.equal(hpu_random.get_rng_state(), expected)
+
+
+# ---- the step's graph: a padded short batch compiles nothing new (issue 20, point 7) ----------------------------
+
+
+def device_ops_per_step(monkeypatch) -> list[list[tuple]]:
+    """What a lazy-mode Gaudi compiles per step: the ops the step runs on the device, with their input shapes
+    and dtypes (one graph per distinct sequence, the bridge's recipe cache key in effect). Recorded from where
+    transformers' training step starts, so the host-side padding before it is not among them, as on a Gaudi."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import Trainer
+
+    steps: list[list[tuple]] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            shapes = tuple(
+                (tuple(a.shape), a.dtype) for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)
+            )
+            steps[-1].append((str(func), shapes))
+            return func(*args, **(kwargs or {}))
+
+    original = Trainer.training_step
+
+    def recorded(self, *args, **kwargs):
+        steps.append([])
+        with Record():
+            return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "training_step", recorded)
+    return steps
+
+
+@pytest.mark.parametrize("task", ["causal_lm", "classification"])
+def test_a_masked_short_batch_runs_the_full_batches_graph(task, bridge, tmp_path, monkeypatch):
+    steps = device_ops_per_step(monkeypatch)
+    train(task, tmp_path, use_habana=True, use_lazy_mode=True, num_train_epochs=2)
+    assert len(steps) == 18
+    # every step, the short ones (9 and 18) included, is the same sequence of device ops: one graph. The check of
+    # the first short batch runs before the step, in evaluation mode: graphs of its own, once per run.
+    assert len({tuple(step) for step in steps[1:]}) == 1 and steps[8] == steps[17] == steps[1]
+
+
+def test_a_cut_short_batch_changes_the_steps_graph_in_lazy_mode(bridge, tmp_path, monkeypatch):
+    """The cut padding (a loss that does not skip -100) keeps the forward's shape, not the loss's and backward's:
+    in lazy mode the step is another graph. Said in the module docstring; here measured."""
+    steps = device_ops_per_step(monkeypatch)
+    train("own_compute_loss", tmp_path, use_habana=True, use_lazy_mode=True, num_train_epochs=2)
+    assert steps[17] != steps[1]

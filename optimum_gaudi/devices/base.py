@@ -65,6 +65,8 @@ class Device:
     # ModuleCacher). accelerate's mixed precision rebinds ``model.forward.__func__`` to the model, which breaks
     # such a forward: the trainer then keeps accelerate's mixed precision off and enters the autocast itself.
     training_graph_forward_bound_elsewhere: ClassVar[bool] = False
+    # training graphs give trainable parameters the forward does not use a zero gradient (not None)
+    training_graphs_zero_unused_grads: ClassVar[bool] = False
 
     def count(self) -> int:
         return 1

@@ -287,6 +287,7 @@ class HPUDevice(Device):
 
     # ModuleCacher sets model.forward to its own bound method, which reads the cacher's state (hpu/graphs.py)
     training_graph_forward_bound_elsewhere = True
+    training_graphs_zero_unused_grads = True  # allow_unused_input materializes them (hpu/graphs.py)
 
     def _graphs_or_warn(self, what: str) -> Any | None:
         if self.is_lazy():
@@ -305,7 +306,7 @@ class HPUDevice(Device):
         # The capture differentiates every trainable parameter (hpu/graphs.py); by default one the forward does
         # not use (LayerDrop, an unused pooler) fails the first step, so they are allowed here (optimum-habana
         # keeps the default and fails). The bridge then gives them zero gradients (materialize_grads), where
-        # eager training leaves None: AdamW's weight decay and momentum still move them. README says so.
+        # eager training leaves None; the trainer drops them (features/unused_parameters.py).
         return cacher(model=model, inplace=True, allow_unused_input=True)
 
     def wrap_for_inference(

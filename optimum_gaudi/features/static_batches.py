@@ -1,23 +1,28 @@
 """Static batch shapes for devices that compile a graph per input shape, with inert padding rows.
 
 In lazy mode or under HPU Graphs every new input shape compiles a new graph, so an epoch's last, smaller
-batch costs a compilation for one step. :class:`StaticRows` runs that batch's forward at the full batch size
-and hands every loss the real rows only:
+batch costs a compilation for one step. :class:`StaticRows` runs that batch at the full batch size, one of
+two ways:
 
-- the forward sees the short batch padded (the last real row repeated) to the full batch size;
-- every batch-first output is cut back to the real rows before the caller (``compute_loss``, the user's own
-  ``compute_loss``, a label smoother, ``compute_loss_func``) sees it;
-- a loss the model computes inside its forward goes through the model's ``loss_function``, which is given
-  the real rows only. That is why such padding is refused under captured graphs: a replayed graph would
-  keep the first row count it saw.
+- **masked** (:meth:`StaticRows.masked_batch`), where the batch has labels: the batch is padded on the host,
+  before it goes to the device, with copies of its last row whose labels are -100, the label transformers'
+  losses skip. Forward, loss and backward then have the full batch's shapes: the step is the graph the full
+  batches compiled. The loss's sum over real tokens and its count (``num_items_in_batch``) are the real rows'.
+- **cut** (:meth:`StaticRows.padding`), otherwise: the forward sees the batch padded and every batch-first
+  output is cut back to the real rows before any loss sees it (``compute_loss``, a label smoother, the model's
+  ``loss_function`` given the real rows only). The loss and backward on the cut rows do not keep the full
+  shape; in lazy mode they share the step's graph with the forward, so this saves no compilation there (it does
+  under HPU Graphs, whose captured forward is replayed).
 
-The padded rows are then inert provided rows do not interact in the forward. That is checked once, on the
-first short batch: its forward is run padded and unpadded (evaluation mode, no gradients, the random
-generators restored) and the real rows' outputs must agree, which in-batch contrastive logits, capacity-limited
-expert routing and batch statistics do not. Whenever padding cannot be shown inert (that check, a batch-norm
-layer, a loss or any other batch-level reduction computed inside the forward by other means, labels going into
-a model without a ``loss_function``) the batch runs unpadded, with one warning, and so do all later short
-batches; an abandoned padded forward is rerun with the host's and the device's generators restored.
+Padding rows must be inert, which is checked once, on the first short batch, in evaluation mode without
+gradients (the random generators and each module's mode restored after): masked, the trainer's loss and the
+real rows' outputs of the padded batch must equal those of the batch alone (a regression loss, which does
+not skip -100, fails and falls back to cut); cut, the real rows' outputs must agree, which in-batch contrastive
+logits, capacity-limited expert routing and batch statistics do not. Whenever padding cannot be shown inert
+(those checks, a batch-norm layer, a loss or other batch-level reduction computed inside the forward by other
+means, labels going into a model without a ``loss_function``) the batch runs unpadded, with one warning, and
+so do all later short batches; an abandoned padded forward is rerun with the host's and the device's
+generators restored.
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ def cut_rows(value: Any, rows: int, size: int) -> Any:
 # blocking, and so the last bits of a bf16 result). A difference beyond them gives up padding: at worst a
 # padding that would have been inert is not used (one more graph compilation), never a changed loss.
 ROW_RTOL, ROW_ATOL = 2e-2, 1e-5
+LOSS_RTOL = 5e-3  # the same tokens' loss, masked or alone: only the real rows' logits may differ, in their last bits
 
 
 class _NotInert(Exception):
@@ -105,6 +111,7 @@ class StaticRows:
         self.rng_snapshot = rng_snapshot  # the device's: restores the generators a forward draws from
         self.enabled = True
         self.rows_checked = False
+        self.masked: bool | None = None  # whether masked padding is inert: decided on the first short batch
 
     def _give_up(self, reason: str) -> None:
         if self.enabled:
@@ -114,6 +121,48 @@ class StaticRows:
                 reason,
             )
         self.enabled = False
+
+    def masked_batch(
+        self, inputs: Mapping, inner: nn.Module, rows: int, size: int, evaluate: Callable[[dict], tuple[Any, Any]]
+    ) -> dict | None:
+        """The short batch padded on the host to `size` rows, label -100 on the padding rows, where that is inert;
+        None where it is not or cannot be (no labels in the batch: then :meth:`padding`). `evaluate(batch)` is
+        the trainer's ``(loss, outputs)`` for a batch, used once to check."""
+        labels = [name for name in self.label_names if isinstance(inputs.get(name), torch.Tensor)]
+        if not self.enabled or rows >= size or not labels or self.masked is False:
+            return None
+        if _batch_coupled(inner):
+            self._give_up("the model has batch-norm layers, whose padded rows would change the statistics")
+            return None
+        padded = _pad_labels(inputs, labels, rows, size)
+        if self.masked is None:
+            self.masked = self._masked_is_inert(inputs, padded, inner, rows, size, evaluate)
+        return padded if self.masked else None
+
+    def _masked_is_inert(
+        self, inputs: Mapping, padded: dict, inner: nn.Module, rows: int, size: int, evaluate: Callable
+    ) -> bool:
+        restore_rng, modes = self.rng_snapshot(), [(m, m.training) for m in inner.modules()]
+        try:
+            inner.eval()
+            with torch.no_grad():
+                loss, outputs = evaluate(dict(inputs))
+                padded_loss, padded_outputs = evaluate(dict(padded))
+        except Exception as e:  # a compute_loss without return_outputs, ...: the cut padding is tried instead
+            logger.debug("Masked padding not checked (%s); padding in the forward instead.", e)
+            return False
+        finally:
+            for module, training in modes:
+                module.training = training
+            restore_rng()
+        alone, cut = list(_tensors(outputs)), list(_tensors(cut_rows(padded_outputs, rows, size)))
+        return (
+            isinstance(loss, torch.Tensor)
+            and isinstance(padded_loss, torch.Tensor)
+            and torch.allclose(padded_loss.float(), loss.float(), rtol=LOSS_RTOL, atol=0)
+            and len(alone) == len(cut)
+            and all(a.shape == b.shape and _agree(a, b) for a, b in zip(cut, alone, strict=True))
+        )
 
     @contextlib.contextmanager
     def padding(self, model: nn.Module, inner: nn.Module, rows: int, size: int) -> Iterator[None]:
@@ -182,15 +231,30 @@ class StaticRows:
                 module.training = training
             restore_rng()
         for a, b in zip(padded, alone, strict=False):
-            if a.shape != b.shape or (
-                a.is_floating_point() and not torch.allclose(a.float(), b.float(), rtol=ROW_RTOL, atol=ROW_ATOL)
-            ):
+            if a.shape != b.shape or not _agree(a, b):
                 return (
                     "the model's outputs for the real rows change when rows are added (rows that interact in the "
                     "forward, such as in-batch contrastive logits or capacity-limited expert routing, or a loss or "
                     "statistic over the whole batch)"
                 )
         return None
+
+
+def _agree(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return not a.is_floating_point() or torch.allclose(a.float(), b.float(), rtol=ROW_RTOL, atol=ROW_ATOL)
+
+
+IGNORE_INDEX = -100  # the label transformers' losses skip
+
+
+def _pad_labels(inputs: Mapping, labels: list[str], rows: int, size: int) -> dict:
+    """`inputs` padded to `size` rows (the last row repeated), the label tensors with rows of -100 instead."""
+    padded = pad_rows({k: v for k, v in inputs.items() if k not in labels}, rows, size)
+    for name in labels:
+        label = inputs[name]
+        filler = torch.full((size - rows, *label.shape[1:]), IGNORE_INDEX, dtype=label.dtype, device=label.device)
+        padded[name] = torch.cat([label, filler], dim=0)
+    return padded
 
 
 def _has_loss_function(model: nn.Module) -> bool:

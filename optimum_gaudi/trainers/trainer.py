@@ -43,6 +43,7 @@ from ..features.op_list_check import check_op_lists
 from ..features.profiling import EvaluationProfiler, GaudiProfilerCallback
 from ..features.static_batches import StaticRows
 from ..features.table import feature_table
+from ..features.unused_parameters import unused_parameters
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .events import InternalCallbackHandler
 from .preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
@@ -177,6 +178,7 @@ class GaudiTrainerMixin(TrainerShims):
         super().__init__(*trainer_args, **trainer_kwargs)
 
         self._static_rows = self._select_static_rows(args)
+        self._unused: list[nn.Parameter] | None = None  # under training graphs that zero them: found at step 1
         self._throughput = Throughput(args.throughput_warmup_steps)
         self.callback_handler = InternalCallbackHandler.adopt(self.callback_handler, [_LoopHooks(self)])
         profiler = GaudiProfilerCallback.from_training_args(args)
@@ -385,10 +387,26 @@ class GaudiTrainerMixin(TrainerShims):
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         rows = find_batch_size(inputs)
         self._throughput.count_batch(inputs, rows)
+        if (
+            self._unused is None
+            and self.args.use_hpu_graphs_for_training
+            and self.gaudi_device.training_graphs_zero_unused_grads
+        ):
+            self._unused = self._find_unused_parameters(model, inputs)
         with contextlib.ExitStack() as stack:
             if self._static_rows is not None and rows is not None:
-                unwrapped = self.accelerator.unwrap_model(model)
-                stack.enter_context(self._static_rows.padding(model, unwrapped, rows, self._train_batch_size))
+                unwrapped, size = self.accelerator.unwrap_model(model), self._train_batch_size
+                padded = self._static_rows.masked_batch(
+                    inputs,
+                    unwrapped,
+                    rows,
+                    size,
+                    lambda batch: self._loss_and_outputs(model, batch, num_items_in_batch),
+                )
+                if padded is not None:
+                    inputs = padded  # the whole step at the full batch's shapes
+                else:
+                    stack.enter_context(self._static_rows.padding(model, unwrapped, rows, size))
             if self._compile is not None:
                 stack.enter_context(self._compiled_step(inputs))
             loss = super().training_step(model, inputs, num_items_in_batch)
@@ -396,7 +414,36 @@ class GaudiTrainerMixin(TrainerShims):
             self._lazy_mark_step()  # after backward
         if self._grad_allreduce is not None and self.accelerator.gradient_state.sync_gradients:
             self._grad_allreduce()  # before clipping, which then sees the averaged gradients
+        for parameter in self._unused or ():
+            parameter.grad = None  # as eager training leaves it: no weight decay, no moments on an unused parameter
         return loss
+
+    def _find_unused_parameters(self, model: nn.Module, inputs: dict[str, Any]) -> list[nn.Parameter]:
+        """The trainable parameters one eager forward of this batch does not reach (features/unused_parameters.py);
+        the generators and buffers (batch-norm statistics) are put back after it."""
+        inner = self.accelerator.unwrap_model(model)
+        restore_rng, buffers = self.gaudi_device.rng_snapshot(), [(b, b.detach().clone()) for b in inner.buffers()]
+        try:
+            with self.autocast_smart_context_manager():
+                outputs = type(inner).forward(inner, **self._prepare_inputs(inputs))  # the class's, not the graph's
+            unused = unused_parameters(inner, outputs)
+        finally:
+            with torch.no_grad():
+                for buffer, value in buffers:
+                    buffer.copy_(value)
+            restore_rng()
+        if unused:
+            logger.info(
+                "%d trainable parameters the forward does not use get no gradient, as in eager training.", len(unused)
+            )
+        return unused
+
+    def _loss_and_outputs(self, model: nn.Module, batch: dict[str, Any], num_items_in_batch: Any) -> tuple[Any, Any]:
+        """This trainer's loss and outputs for a batch, as its training step computes them (static batches'
+        check; the caller sets evaluation mode and no gradients)."""
+        batch = self._prepare_inputs(batch)
+        with self.compute_loss_context_manager():
+            return self.compute_loss(model, batch, return_outputs=True, num_items_in_batch=num_items_in_batch)
 
     def _compiled_step(self, inputs: dict[str, Any]) -> contextlib.ExitStack:
         """Eager on the first iteration with --compile_from_sec_iteration; graphs built counted and logged."""

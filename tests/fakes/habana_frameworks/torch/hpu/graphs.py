@@ -22,7 +22,9 @@ Follows ``hpu/graphs.py``:
   static-output aliasing of the real training graphs is not simulated). Capturing a DistributedDataParallel
   model fails as in the real ``GraphModel``. A capture also captures the backward, from every output that
   requires grad to every input and parameter that does, with ``allow_unused=allow_unused_input`` (default
-  False): a trainable parameter the forward does not use fails the first step.
+  False): a trainable parameter the forward does not use fails the first step. Allowed, the bridge's backward
+  also has ``materialize_grads=allow_unused_input``: such a parameter gets a zero gradient, not None, at every
+  step (so weight decay and the optimizer's moments act on it).
 - ``make_graphed_callables`` checks its arguments as the real one does (no hooks, buffers without grad,
   tensor-only sample args, given as tuples); a call of a graphed callable copies its inputs into static
   tensors of the sample args' shapes (another shape fails, as in the bridge) and runs the original code.
@@ -163,6 +165,39 @@ def make_graphed_callables(
 
             graphed.append(function)
     return graphed[0] if single else tuple(graphed)
+
+
+def _reached_parameters(outputs) -> set[int]:
+    """ids of the leaf tensors the autograd graph of `outputs` accumulates gradients into."""
+    seen, reached = set(), set()
+    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):
+            reached.add(id(node.variable))
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return reached
+
+
+def _materialize_unused_grads(outputs, model):
+    """``torch.autograd.grad(..., allow_unused=True, materialize_grads=True)`` in the captured backward
+    (``graphs.py``): each trainable parameter the forward did not use gets a zero gradient."""
+    differentiable = [t for t in _tensors(outputs) if t.requires_grad]
+    if not differentiable:
+        return
+    reached = _reached_parameters(differentiable)
+    unused = [p for p in model.parameters() if p.requires_grad and id(p) not in reached]
+
+    def zero_grads(_grads):
+        for parameter in unused:
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+
+    if unused:
+        torch.autograd.graph.register_multi_grad_hook(differentiable, zero_grads, mode="any")
 
 
 def _tensors(obj):
@@ -339,6 +374,8 @@ class ModuleCacher(torch.nn.Module):
                 _hf.record("hpu.ModuleCacher.capture", graphs=len(self.graph_keys) + 1)
             _hf.record("hpu.ModuleCacher.forward", training=self.model.training, cached=True)
             outputs = self.orig_model(**full)
+            if self.allow_unused_input:
+                _materialize_unused_grads(outputs, self.orig_model)
             if capture:  # the real GraphModel: inputs are the packed arguments, then the parameters
                 inputs = _tensors(full) + list(self.orig_model.parameters())
                 _capture_backward(outputs, inputs, self.allow_unused_input)
