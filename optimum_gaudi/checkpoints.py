@@ -39,7 +39,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .errors import UserError, exception_chain
+from .errors import UserError, exception_chain, quiet_logger
 
 logger = logging.getLogger(__name__)
 
@@ -316,23 +316,13 @@ def restart_count() -> int:
         return 0
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def check_resume_before_data(args: Any, model: Any = None) -> None:
     """The resume problems an example finds before it reads or tokenizes any data (CheckpointError, one line):
     the checkpoint must exist and be complete, and (given the model) hold the same weights. The trainer checks
     again when training starts, for scripts that do not call this; the warnings are left to that check."""
     if not getattr(args, "do_train", True):
         return
-    with _quiet():
+    with quiet_logger(__name__):  # the trainer's own check warns later
         checkpoint = resolve_resume(getattr(args, "resume_from_checkpoint", None), args.output_dir)
     if checkpoint is not None and model is not None:
         check_weights_fit(model, checkpoint)

@@ -28,11 +28,13 @@ What counts as a user error:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import errno
+import logging
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 EXIT_USER_ERROR = 2  # as argparse uses for a bad command line
@@ -149,3 +151,15 @@ def quiet_argparse_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentP
 
     parser.error = error  # type: ignore[method-assign]
     return parser
+
+
+@contextlib.contextmanager
+def quiet_logger(name: str) -> Iterator[None]:
+    """A logger's warnings held back (its errors still shown) while the block runs."""
+    held = logging.getLogger(name)
+    level = held.level
+    held.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        held.setLevel(level)

@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 import torch
 from torch.utils._pytree import tree_map_only
 
+from ..errors import quiet_logger
+
 logger = logging.getLogger(__name__)
 
 # Gaudi feature -> what it means, in a word, on the device. Each subclass fills the same keys.
@@ -162,7 +164,9 @@ class Device:
             logger.warning(
                 "--minimize_memory has no effect with torchao's float8 training (it keeps no fp8 weight copy)."
             )
-        with _quiet("torchao"):  # its prebuilt CUDA extensions for another torch fail to load, harmlessly, at import
+        with quiet_logger(
+            "torchao"
+        ):  # its prebuilt CUDA extensions for another torch fail to load, harmlessly, at import
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         config = Float8LinearConfig()
@@ -268,15 +272,3 @@ def _copy_into(static: Any, fresh: Any) -> None:
     elif isinstance(static, dict):
         for key in static:
             _copy_into(static[key], fresh[key])
-
-
-@contextlib.contextmanager
-def _quiet(logger_name: str):
-    """A library's warnings held back (errors still shown) while it imports."""
-    library = logging.getLogger(logger_name)
-    level = library.level
-    library.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        library.setLevel(level)
