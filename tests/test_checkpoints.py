@@ -592,7 +592,9 @@ def test_a_resumed_runs_trainer_state_is_the_uninterrupted_ones_but_for_times(tm
     plain, gaudi = differ[Trainer], differ[GaudiTrainer]
     # transformers.Trainer itself varies the times, and reports the loss of the resumed part alone (train_loss),
     # of a shorter first logging interval too when the checkpoint falls between two logging steps
-    assert {"eval_runtime", "train_runtime", "train_samples_per_second"} <= set(plain["times"])
+    # (a short evaluation's rounded eval_runtime can come out equal in both runs; a resumed run's train_runtime,
+    # over half the steps, cannot)
+    assert {"train_runtime", "train_samples_per_second"} <= set(plain["times"])
     if logging_steps == 2:  # log_history: losses at 2 and 4, eval, losses at 6 and 8, eval, the train metrics
         assert plain["other"] == ["final.log_history[6].train_loss"]
     else:  # loss at 3, eval, loss at 6 (over steps 5 and 6 once resumed), eval, the train metrics

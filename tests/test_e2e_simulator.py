@@ -1,7 +1,9 @@
 """run_clm.py end to end on the simulated Gaudi (tests/fakes, a test double), on both software generations.
 
 Subprocess runs are started as a user starts them (``optimum-gaudi launch`` or ``python run_clm.py``) with the
-simulator on PYTHONPATH: torch's own autoload loads it where the real bridge would load. The simulator writes
+simulator on PYTHONPATH: torch's own autoload loads it where the real bridge would load. They run on the
+simulated ``hpu`` device (FAKE_HPU_DEVICE=1): transformers and accelerate take their Gaudi path and the model,
+batches, optimizer state and collectives live on ``hpu``. The simulator writes
 what it saw (calls, environment at load, autocast lists) to ``FAKE_HPU_CALL_LOG.RANK`` when the process exits.
 Every bundled config runs in-process (cheaper), with the environment the launcher would export.
 """
@@ -41,17 +43,28 @@ def expected_lists(name):
     return [sorted(bf16), sorted(fp32)]
 
 
-def run_clm_process(tmp_path, cache, software, *argv, launcher=(), **env):
-    """run_clm.py in a fresh process on the simulated Gaudi; returns (completed process, rank 0's log)."""
+def run_clm_process(tmp_path, cache, software, *argv, launcher=(), device=True, **env):
+    """run_clm.py in a fresh process on the simulated Gaudi, on its hpu device unless device=False; returns
+    (completed process, rank 0's log)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
     log = tmp_path / "simulator.json"
     clean.update(PYTHONPATH=FAKES, FAKE_HPU_SOFTWARE=software, FAKE_HPU_CALL_LOG=str(log), OMP_NUM_THREADS="1")
+    if device:
+        clean.update(FAKE_HPU_DEVICE="1")
     clean.update(OPTIMUM_GAUDI_CACHE=cache, HF_HUB_OFFLINE="1", **env)
     python = [sys.executable, "-m", "optimum_gaudi", "launch", *launcher] if launcher is not None else [sys.executable]
     command = [*python, str(RUN_CLM), *TINY, *SHORT, "--use_habana", "--output_dir", str(tmp_path / "out"), *argv]
     result = subprocess.run(command, env=clean, capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stderr[-4000:]
-    return result, json.loads(Path(f"{log}.0").read_text())
+    return result, rank_log(tmp_path, 0, device)
+
+
+def rank_log(tmp_path, rank, device=True):
+    """What the simulator saw in that rank; with the device, the run placed its model on hpu."""
+    log = json.loads(Path(f"{tmp_path / 'simulator.json'}.{rank}").read_text())
+    if device:
+        assert log["device"]["allocations"] > 100 and log["device"]["peak_bytes"] > 100_000, log.get("device")
+    return log
 
 
 def test_lazy_with_hpu_graphs_and_evaluation_during_training_on_todays_software(tmp_path, cache):
@@ -76,7 +89,9 @@ def test_eager_torch_compile_with_autoload_and_no_launcher(tmp_path, cache):
     """1.21+ default path, started with plain python: the bridge loads during `import torch` in eager mode and
     torch.compile uses hpu_backend. bert-base-uncased leaves its op lists out: Habana's defaults, already loaded."""
     flags = ["--do_train", "--torch_compile", "--gaudi_config_name", "bert-base-uncased"]
-    result, log = run_clm_process(tmp_path, cache, "1.21", *flags, launcher=None)
+    # Not on the simulated device yet: AOTAutograd's graph of a forward under torch.autocast("hpu") (cast by
+    # the simulated op lists) runs a matmul with mixed dtypes there; the device path is open (see the note).
+    result, log = run_clm_process(tmp_path, cache, "1.21", *flags, launcher=None, device=False)
     names = log["names"]
     assert "autoload" in names and log["env_at_import"].get("PT_HPU_LAZY_MODE") is None
     assert "dynamo.hpu_backend" in names and "core.mark_step" not in names
@@ -85,13 +100,15 @@ def test_eager_torch_compile_with_autoload_and_no_launcher(tmp_path, cache):
 
 
 def test_fast_ddp_with_hpu_graphs_on_two_processes(tmp_path, cache):
-    """Gaudi software 1.19 (lazy default), two processes over 'hccl' (gloo underneath on the simulator)."""
+    """Gaudi software 1.19 (lazy default), two processes over 'hccl' (hpu tensors only; gloo on host copies
+    underneath on the simulator)."""
     flags = ["--do_train", "--use_lazy_mode", "--use_hpu_graphs_for_training", "--distribution_strategy", "fast_ddp"]
     flags += ["--gaudi_config_name", "gpt2"]
     run_clm_process(tmp_path, cache, "1.19", *flags, launcher=("--world_size", "2"), FAKE_HPU_DEVICE_COUNT="2")
     for rank in (0, 1):
-        log = json.loads(Path(f"{tmp_path / 'simulator.json'}.{rank}").read_text())
+        log = rank_log(tmp_path, rank)
         assert log["env_at_import"]["PT_HPU_LAZY_MODE"] == "1"
+        assert log["names"].count("distributed.hccl.allreduce") >= 2  # fast_ddp's fused buffer, on hpu
         assert "hpu.ModuleCacher.capture" in log["names"] and log["names"].count("hpex.optimizers.FusedAdamW.step") == 2
         assert log["autocast_lists"] == expected_lists("gpt2")
 

@@ -122,8 +122,9 @@ def snapshot_env() -> dict[str, str]:
 
 
 def dump_log_at_exit() -> None:
-    """With FAKE_HPU_CALL_LOG=PATH, write the call names, env_at_import and autocast lists to PATH.RANK
-    (JSON) when the process exits: how a test reads what the simulator saw in a subprocess."""
+    """With FAKE_HPU_CALL_LOG=PATH, write the call names, env_at_import, autocast lists and (with the
+    simulated device) its allocator's peak and count to PATH.RANK (JSON) when the process exits: how a test
+    reads what the simulator saw in a subprocess."""
     path = os.environ.get("FAKE_HPU_CALL_LOG")
     if not path:
         return
@@ -133,6 +134,11 @@ def dump_log_at_exit() -> None:
     def dump() -> None:
         lists = None if autocast_lists is None else [sorted(autocast_lists[0]), sorted(autocast_lists[1])]
         data = {"names": names(), "env_at_import": env_at_import, "autocast_lists": lists}
+        from . import _device
+
+        if _device.loaded():  # what lived on the simulated hpu device
+            _live, peak, allocations = _device.memory_counters()
+            data["device"] = {"peak_bytes": peak, "allocations": allocations}
         with open(f"{path}.{os.environ.get('RANK', '0')}", "w") as f:
             json.dump(data, f)
 

@@ -4,6 +4,11 @@ Follows ``python_packages/habana_frameworks/autoload/__init__.py`` and the ``ent
 ``python_packages/setup.py``: PT_HPU_AUTOLOAD=1/0 forces the choice; otherwise 1.19 autoloads only when
 PT_HPU_LAZY_MODE is set to something else than "1", and 1.21+ (eager by default) unless it is "1".
 torch itself skips every entry point when TORCH_DEVICE_BACKEND_AUTOLOAD=0 (``torch/__init__.py``).
+
+With FAKE_HPU_DEVICE=1 the simulated device library (``habana_frameworks.torch._device``) is loaded here
+whatever the choice: torch caches its accelerator hooks at the first query, which transformers and accelerate
+make while importing, before a lazy-mode bridge is imported. The library alone is not the bridge:
+``torch.hpu`` is still registered only when ``habana_frameworks.torch`` is imported.
 """
 
 import os
@@ -22,6 +27,10 @@ def is_autoload_enabled() -> bool:
 
 
 def __autoload():
+    if os.environ.get("FAKE_HPU_DEVICE") == "1":
+        from habana_frameworks import _device
+
+        _device.load_library()
     if is_loaded or not is_autoload_enabled():
         return
     import habana_frameworks.torch  # noqa: F401

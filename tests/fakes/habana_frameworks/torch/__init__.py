@@ -14,14 +14,20 @@ As ``python_packages/habana_frameworks/torch/__init__.py`` does, importing it:
 - replaces torch.profiler's activity enum (``activity_profiler``), registers the 'hccl' backend and
   sets distributed variables (``distributed/hccl``), imports ``core`` and ``hpu``.
 
-Unlike the real bridge it does NOT register ``torch.hpu`` as a device module: transformers switches to
-device 'hpu' as soon as ``torch.hpu.is_available()`` is true, and torch here has no 'hpu' device.
+- sets TORCHINDUCTOR_COMPILE_THREADS=1 first (no inductor process pool).
+
+With FAKE_HPU_DEVICE=1 the plugin is a real ``hpu`` device (``_device``: host memory, the bridge's autocast
+op lists) and ``core`` registers ``torch.hpu`` as the bridge does, so transformers and accelerate take their
+Gaudi path. Without it (the in-process tests, which import the simulator many times) nothing registers
+``torch.hpu``: transformers would switch to device 'hpu' as soon as ``torch.hpu.is_available()`` is true.
 """
 
 import ctypes
 import os
 
-import torch as _torch
+os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # torch/__init__.py, before torch is imported
+
+import torch as _torch  # noqa: E402
 
 import habana_frameworks as _hf
 import habana_frameworks.autoload
@@ -49,6 +55,10 @@ _hf.env_at_import = _hf.snapshot_env()
 from ._autocast_lists import load as _load_autocast_lists  # noqa: E402
 
 _hf.autocast_lists = _load_autocast_lists()  # (bf16 ops, fp32 ops), fixed for the life of the process
+from habana_frameworks import _device  # noqa: E402
+
+if _device.enabled():
+    _device.load(*_hf.autocast_lists)
 _hf.dump_log_at_exit()
 _hf.record("import", lazy=is_lazy(), generation=_hf.generation(), env=dict(_hf.env_at_import))
 

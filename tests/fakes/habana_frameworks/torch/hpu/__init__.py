@@ -9,11 +9,19 @@ dynamic-shape support (here a flag, initially PT_HPU_ENABLE_REFINE_DYNAMIC_SHAPE
 
 FAKE_HPU_DEVICE_COUNT (default 1) sets how many Gaudis the simulator reports; 0 simulates a machine
 with the bridge installed but no device.
+
+As the real module, it also exports the random API (``from .random import *``), ``set_device`` (an index
+below the device count), ``init`` / ``_lazy_init`` / ``is_initialized``, ``is_bf16_supported`` (true where a
+device is) and the autocast queries; with the simulated device (FAKE_HPU_DEVICE=1) ``set_device`` moves the
+process to that device and the autocast state is torch's for device type 'hpu'.
 """
 
 import os
 
+import torch
+
 import habana_frameworks as _hf
+from habana_frameworks import _device
 
 from ..utils.internal import is_lazy
 from .memory import (  # noqa: F401
@@ -24,6 +32,7 @@ from .memory import (  # noqa: F401
     memory_stats,
     reset_peak_memory_stats,
 )
+from .random import get_rng_state, initial_seed, manual_seed, manual_seed_all, set_rng_state  # noqa: F401, E402
 
 if is_lazy():
     from .graphs import HPUGraph, ModuleCacher, graph, make_graphed_callables, wrap_in_hpu_graph  # noqa: F401
@@ -47,7 +56,7 @@ def device_count() -> int:
 
 def current_device() -> int:
     _hf.record("hpu.current_device")
-    return 0
+    return int(torch.ops.fake_hpu.current_device()) if _device.loaded() else 0
 
 
 def get_device_name(device=None) -> str:
@@ -57,6 +66,56 @@ def get_device_name(device=None) -> str:
 
 def synchronize() -> None:
     _hf.record("hpu.synchronize")
+
+
+_initialized = False
+
+
+def _lazy_init() -> None:
+    """``_hpu_C.init()`` once; it fails where there is no device."""
+    global _initialized
+    if not _initialized:
+        if _count() < 1:
+            raise RuntimeError("synStatus=8 [Device not found] Device acquire failed.")
+        _initialized = True
+
+
+def init() -> None:
+    _lazy_init()
+
+
+def is_initialized() -> bool:
+    return _initialized
+
+
+def set_device(device) -> None:
+    from .memory import _check_device
+
+    index = _check_device(device)
+    _hf.record("hpu.set_device", index=index)
+    if _device.loaded():
+        torch.ops.fake_hpu.set_device(index)
+
+
+class Stream(torch.Stream):
+    """``hpu/streams.py``'s stream class (torch's dynamo lists ``torch.hpu.Stream`` as an in-graph class
+    whenever ``torch.hpu`` exists); the simulated device has one synchronous stream."""
+
+
+class Event(torch.Event):
+    """``hpu/events.py``'s event class (also listed by dynamo); events on the simulated device are complete."""
+
+
+def is_bf16_supported() -> bool:
+    return is_available()
+
+
+def is_autocast_hpu_enabled() -> bool:
+    return torch.is_autocast_enabled("hpu")
+
+
+def get_autocast_hpu_dtype():
+    return torch.get_autocast_dtype("hpu")
 
 
 def enable_dynamic_shape():

@@ -5,6 +5,9 @@ memory (there is no device memory to measure); "MaxInUse" is, as on the device, 
 process started (here the process's peak resident memory) until reset_peak_memory_stats() is called, and
 from then the largest value seen since the last reset. "Limit" is 96 GiB (a Gaudi 2) unless
 FAKE_HPU_MEMORY_LIMIT gives a number of bytes. Counters are 0.
+
+With the simulated device (FAKE_HPU_DEVICE=1) "InUse", "MaxInUse" and "NumAllocs" are its allocator's
+bytes of live hpu tensors, their peak since the last reset and its allocation count, as on a Gaudi.
 """
 
 import os
@@ -12,6 +15,7 @@ import os
 import torch
 
 import habana_frameworks as _hf
+from habana_frameworks import _device
 
 _peak = None  # None: never reset, the peak is the whole process's
 
@@ -59,15 +63,19 @@ def _check_device(device) -> int:
 def _stats(device) -> dict:
     global _peak
     _check_device(device)
-    in_use = _rss()
-    if _peak is not None:
-        _peak = max(_peak, in_use)
-    peak = max(_process_peak(), in_use) if _peak is None else _peak
+    allocs = 0
+    if _device.loaded():
+        in_use, peak, allocs = _device.memory_counters()
+    else:
+        in_use = _rss()
+        if _peak is not None:
+            _peak = max(_peak, in_use)
+        peak = max(_process_peak(), in_use) if _peak is None else _peak
     return {
         "Limit": int(os.environ.get("FAKE_HPU_MEMORY_LIMIT", 96 * 1024**3)),
         "InUse": in_use,
         "MaxInUse": peak,
-        "NumAllocs": 0,
+        "NumAllocs": allocs,
         "NumFrees": 0,
         "ActiveAllocs": 0,
         "MaxAllocSize": 0,
@@ -96,6 +104,8 @@ def reset_peak_memory_stats(device=None):
     global _peak
     _hf.record("hpu.reset_peak_memory_stats", device=device)
     _check_device(device)
+    if _device.loaded():
+        _device.reset_peak()
     _peak = _rss()
 
 

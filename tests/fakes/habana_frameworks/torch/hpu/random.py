@@ -5,11 +5,15 @@ Follows ``hpu/random.py`` of HabanaAI/gaudi-pytorch-bridge: one default generato
 ``set_rng_state`` read and restore its state as a tensor. Here the generator is a CPU ``torch.Generator`` (the
 simulator's ops draw from torch's CPU generator, so tests also advance it with ``draw``); seeding and state
 changes are recorded.
+
+With the simulated device (FAKE_HPU_DEVICE=1) the generator is the device's own (``_device``): random ops on
+hpu tensors draw from it and from nothing else, as on a Gaudi.
 """
 
 import torch
 
 import habana_frameworks as _hf
+from habana_frameworks import _device
 
 _generator = torch.Generator()
 
@@ -17,6 +21,8 @@ _generator = torch.Generator()
 def manual_seed(seed) -> torch.Generator:
     seed = int(seed)
     _hf.record("hpu.random.manual_seed", seed)
+    if _device.loaded():
+        torch.ops.fake_hpu.manual_seed(seed)
     return _generator.manual_seed(seed)
 
 
@@ -25,17 +31,20 @@ def manual_seed_all(seed: int) -> None:
 
 
 def initial_seed() -> int:
-    return _generator.initial_seed()
+    return int(torch.ops.fake_hpu.initial_seed()) if _device.loaded() else _generator.initial_seed()
 
 
 def get_rng_state(device="hpu") -> torch.Tensor:
     _hf.record("hpu.random.get_rng_state")
-    return _generator.get_state()
+    return torch.ops.fake_hpu.get_rng_state() if _device.loaded() else _generator.get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device="hpu") -> None:
     _hf.record("hpu.random.set_rng_state")
-    _generator.set_state(new_state)
+    if _device.loaded():
+        torch.ops.fake_hpu.set_rng_state(new_state)
+    else:
+        _generator.set_state(new_state)
 
 
 def draw() -> float:

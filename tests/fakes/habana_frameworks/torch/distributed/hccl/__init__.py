@@ -9,15 +9,20 @@ Follows ``distributed/hccl/__init__.py``: importing it calls ``initialize_distri
   through HABANA_VISIBLE_MODULES when set, unless HLS_MODULE_ID is already set;
 - sets ID to the rank;
 
-then registers the 'hccl' torch.distributed backend. Here 'hccl' is an alias of gloo on CPU, so
-``init_process_group(backend="hccl")`` works in a CPU test.
+then registers the 'hccl' torch.distributed backend. Without the simulated device 'hccl' is an alias of gloo
+on CPU, so ``init_process_group(backend="hccl")`` works in a CPU test. With it (FAKE_HPU_DEVICE=1) 'hccl'
+is a process group for device type hpu, as ``ProcessGroupHCCL.cpp``: its collectives take hpu tensors only
+(the real one reads each tensor's device memory; a CPU tensor fails), each is a step boundary in lazy mode
+(``StepMarker`` before the collective), and the data moves through gloo on host copies.
 """
 
 import os
 
+import torch
 import torch.distributed as dist
 
 import habana_frameworks as _hf
+from habana_frameworks import _device
 
 _MPI_TO_TORCH = {
     "OMPI_COMM_WORLD_LOCAL_RANK": "LOCAL_RANK",
@@ -71,7 +76,87 @@ def _create_process_group_hccl(store, rank, size, timeout):
     return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 
-if dist.is_available() and hasattr(dist, "ProcessGroupGloo"):
+class _DoneWork(dist._Work):
+    """A collective that has finished (the host copies are synchronous)."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._future = torch.futures.Future()
+        self._future.set_result(result)
+
+    def wait(self, timeout=None):
+        return True
+
+    def get_future(self):
+        return self._future
+
+
+class _ProcessGroupHCCL(dist.ProcessGroup):
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+
+    def getBackendName(self):
+        return "hccl"
+
+    def _enter(self, name, tensors):
+        for tensor in tensors:
+            if tensor.device.type != "hpu":
+                raise RuntimeError(f"hccl {name}: tensors must be on the HPU, got one on {tensor.device}")
+        _hf.record(f"distributed.hccl.{name}", shapes=[list(t.shape) for t in tensors])
+        from habana_frameworks.torch.utils.internal import is_lazy
+
+        if is_lazy():  # StepMarker before the collective (ProcessGroupHCCL::collective)
+            _hf.record("core.mark_step", device_str="", sync=False, lazy=True, collective=name)
+
+    def _run(self, name, tensors, call, outputs=None):
+        outputs = tensors if outputs is None else outputs
+        self._enter(name, tensors + [t for t in outputs if t is not None])
+        host_in = [t.cpu() for t in tensors]
+        host_out = host_in if outputs is tensors else [t.cpu() for t in outputs]
+        call(host_in, host_out).wait()
+        with torch.no_grad():
+            for target, value in zip(outputs, host_out, strict=True):
+                target.copy_(value)
+        return _DoneWork(outputs)
+
+    def allreduce(self, tensors, opts=None):
+        opts = opts or dist.AllreduceOptions()
+        return self._run("allreduce", list(tensors), lambda i, o: self._gloo.allreduce(i, opts))
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        return self._run("broadcast", list(tensors), lambda i, o: self._gloo.broadcast(i, opts))
+
+    def allgather(self, output_lists, inputs, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        flat = [t for group in output_lists for t in group]
+        self._enter("allgather", list(inputs) + flat)
+        host_out = [[t.cpu() for t in group] for group in output_lists]
+        self._gloo.allgather(host_out, [t.cpu() for t in inputs], opts).wait()
+        with torch.no_grad():
+            for group, values in zip(output_lists, host_out, strict=True):
+                for target, value in zip(group, values, strict=True):
+                    target.copy_(value)
+        return _DoneWork(output_lists)
+
+    def _allgather_base(self, output, input, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        return self._run(
+            "allgather_into_tensor", [input], lambda i, o: self._gloo._allgather_base(o[0], i[0], opts), [output]
+        )
+
+    all_gather_single = _allgather_base  # torch 2.13's name for all_gather_into_tensor
+
+    def barrier(self, opts=None):
+        _hf.record("distributed.hccl.barrier")
+        return self._gloo.barrier(opts or dist.BarrierOptions())
+
+
+if dist.is_available() and hasattr(dist, "ProcessGroupGloo") and _device.loaded():
+    dist.Backend.register_backend("hccl", _ProcessGroupHCCL, devices=["hpu"])
+    _hf.record("distributed.hccl.register", backend="hccl", alias_of=None)
+elif dist.is_available() and hasattr(dist, "ProcessGroupGloo"):
     dist.Backend.register_backend("hccl", _create_process_group_hccl, devices=["cpu"])
     _hf.record("distributed.hccl.register", backend="hccl", alias_of="gloo")
 else:

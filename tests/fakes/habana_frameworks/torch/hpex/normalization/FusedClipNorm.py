@@ -11,13 +11,14 @@ mark_step before and after in lazy mode; those are not recorded as ``core.mark_s
 import torch
 
 import habana_frameworks as _hf
+from habana_frameworks import _device
 
 
 class FusedClipNorm:
     def __init__(self, parameters, max_norm):
         params = list(parameters)
         self.dtype = params[0].dtype if params else torch.float32
-        self.max_norm_t = (torch.ones(1) * max_norm).to(self.dtype)
+        self.max_norm_t = _device.to_device((torch.ones(1) * max_norm).to(self.dtype))
         self.norm_type = 2.0
         _hf.record("hpex.normalization.FusedClipNorm", params, max_norm=max_norm, dtype=self.dtype)
 

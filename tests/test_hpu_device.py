@@ -1,0 +1,92 @@
+"""The simulated ``hpu`` device (tests/fakes, a test double: ``habana_frameworks/_device.py`` and
+``torch/lib/fake_hpu_device.cpp``), checked in a fresh process as the examples run on it: tensors live on
+``hpu``, torch.autocast('hpu') follows the bridge's op lists (``hpu_ops/autocast_helpers.h``), random ops
+draw from the HPU generator (``hpu/random.py``), 'hccl' takes hpu tensors only (``ProcessGroupHCCL.cpp``)
+and torch.hpu's memory API counts the device's bytes (``hpu/memory.py``)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from conftest import FAKES
+
+CHECKS = textwrap.dedent(
+    """
+    import os, torch, torch.distributed as dist
+    from transformers.utils import is_torch_hpu_available
+
+    assert is_torch_hpu_available() and torch.hpu.device_count() == 1
+
+    # placement: a training step on hpu computes what the same step computes on the CPU
+    torch.manual_seed(0)
+    cpu_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+    hpu_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+    hpu_model.load_state_dict(cpu_model.state_dict())
+    hpu_model.to("hpu")
+    assert all(p.device.type == "hpu" for p in hpu_model.parameters())
+    x = torch.randn(4, 8)
+    losses = []
+    for model, data in ((cpu_model, x), (hpu_model, x.to("hpu"))):
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        for _ in range(3):
+            loss = model(data).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        losses.append(loss.item())
+    assert losses[0] == losses[1], losses
+    assert hpu_model[0].weight.grad is None or hpu_model[0].weight.grad.device.type == "hpu"
+
+    # autocast: lower list in bf16, fp32 list in fp32, the promote list in the widest input type, others as they are
+    a = torch.randn(4, 4, device="hpu")
+    with torch.autocast("hpu", dtype=torch.bfloat16):
+        assert (a @ a).dtype == torch.bfloat16                         # matmul -> mm: default lower list
+        assert torch.log(a.abs().bfloat16()).dtype == torch.float32    # default fp32 list
+        assert (a.bfloat16() + a).dtype == torch.float32               # promote
+        assert a.bfloat16().relu().dtype == torch.bfloat16             # no list: unchanged
+        assert torch.hpu.is_autocast_hpu_enabled()
+    assert (a @ a).dtype == torch.float32                              # outside the context
+
+    # random: hpu ops draw from the HPU generator, reseeded by torch.hpu.manual_seed, and leave the CPU's alone
+    cpu_state = torch.get_rng_state()
+    torch.hpu.manual_seed(7)
+    first = torch.nn.functional.dropout(torch.ones(64, device="hpu"), 0.5)
+    torch.hpu.manual_seed(7)
+    again = torch.nn.functional.dropout(torch.ones(64, device="hpu"), 0.5)
+    assert torch.equal(first.cpu(), again.cpu()) and torch.equal(torch.get_rng_state(), cpu_state)
+    state = torch.hpu.get_rng_state()
+    one = torch.rand(3, device="hpu")
+    torch.hpu.set_rng_state(state)
+    assert torch.equal(one.cpu(), torch.rand(3, device="hpu").cpu())
+
+    # memory: the allocator's live bytes
+    before = torch.hpu.memory_allocated()
+    block = torch.empty(1 << 20, dtype=torch.uint8, device="hpu")
+    assert torch.hpu.memory_allocated() - before >= 1 << 20 and torch.hpu.max_memory_allocated() >= before + (1 << 20)
+    del block
+    assert torch.hpu.memory_allocated() == before
+
+    # hccl: hpu tensors only
+    dist.init_process_group("hccl", rank=0, world_size=1, init_method="tcp://127.0.0.1:29531")
+    t = torch.ones(3, device="hpu")
+    dist.all_reduce(t)
+    assert t.device.type == "hpu" and t.sum().item() == 3
+    try:
+        dist.all_reduce(torch.ones(3))
+    except RuntimeError as error:
+        assert "HPU" in str(error) or "hpu" in str(error), error
+    else:
+        raise AssertionError("hccl took a CPU tensor")
+    dist.destroy_process_group()
+    print("device checks passed")
+    """
+)
+
+
+def test_the_simulated_device_behaves_as_the_bridge_documents(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
+    env.update(PYTHONPATH=FAKES, FAKE_HPU_DEVICE="1", FAKE_HPU_SOFTWARE="1.21", OMP_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, "-c", CHECKS], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "device checks passed" in result.stdout
