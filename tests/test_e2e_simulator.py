@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import FAKES, GAUDI_SOFTWARE
 
 from optimum_gaudi import GaudiConfig
@@ -43,27 +44,25 @@ def expected_lists(name):
     return [sorted(bf16), sorted(fp32)]
 
 
-def run_clm_process(tmp_path, cache, software, *argv, launcher=(), device=True, **env):
-    """run_clm.py in a fresh process on the simulated Gaudi, on its hpu device unless device=False; returns
-    (completed process, rank 0's log)."""
+def run_clm_process(tmp_path, cache, software, *argv, launcher=(), **env):
+    """run_clm.py in a fresh process on the simulated Gaudi and its hpu device; returns (completed process,
+    rank 0's log)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
     log = tmp_path / "simulator.json"
     clean.update(PYTHONPATH=FAKES, FAKE_HPU_SOFTWARE=software, FAKE_HPU_CALL_LOG=str(log), OMP_NUM_THREADS="1")
-    if device:
-        clean.update(FAKE_HPU_DEVICE="1")
+    clean.update(FAKE_HPU_DEVICE="1")
     clean.update(OPTIMUM_GAUDI_CACHE=cache, HF_HUB_OFFLINE="1", **env)
     python = [sys.executable, "-m", "optimum_gaudi", "launch", *launcher] if launcher is not None else [sys.executable]
     command = [*python, str(RUN_CLM), *TINY, *SHORT, "--use_habana", "--output_dir", str(tmp_path / "out"), *argv]
     result = subprocess.run(command, env=clean, capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stderr[-4000:]
-    return result, rank_log(tmp_path, 0, device)
+    return result, rank_log(tmp_path, 0)
 
 
-def rank_log(tmp_path, rank, device=True):
-    """What the simulator saw in that rank; with the device, the run placed its model on hpu."""
+def rank_log(tmp_path, rank):
+    """What the simulator saw in that rank; the run placed its model on the simulated hpu device."""
     log = json.loads(Path(f"{tmp_path / 'simulator.json'}.{rank}").read_text())
-    if device:
-        assert log["device"]["allocations"] > 100 and log["device"]["peak_bytes"] > 100_000, log.get("device")
+    assert log["device"]["allocations"] > 100 and log["device"]["peak_bytes"] > 100_000, log.get("device")
     return log
 
 
@@ -89,9 +88,7 @@ def test_eager_torch_compile_with_autoload_and_no_launcher(tmp_path, cache):
     """1.21+ default path, started with plain python: the bridge loads during `import torch` in eager mode and
     torch.compile uses hpu_backend. bert-base-uncased leaves its op lists out: Habana's defaults, already loaded."""
     flags = ["--do_train", "--torch_compile", "--gaudi_config_name", "bert-base-uncased"]
-    # Not on the simulated device yet: AOTAutograd's graph of a forward under torch.autocast("hpu") (cast by
-    # the simulated op lists) runs a matmul with mixed dtypes there; the device path is open (see the note).
-    result, log = run_clm_process(tmp_path, cache, "1.21", *flags, launcher=None, device=False)
+    result, log = run_clm_process(tmp_path, cache, "1.21", *flags, launcher=None)
     names = log["names"]
     assert "autoload" in names and log["env_at_import"].get("PT_HPU_LAZY_MODE") is None
     assert "dynamo.hpu_backend" in names and "core.mark_step" not in names
@@ -121,8 +118,25 @@ def load_run_clm():
     return module
 
 
+ON_DEVICE = os.environ.get("FAKE_HPU_DEVICE") == "1"
+
+
+def test_every_bundled_config_runs_on_the_simulated_device():
+    """The matrix below (every bundled config on both Gaudi software generations), in one pytest process
+    started on the simulated hpu device (a process cannot load the
+    device after torch answered that it has no accelerator, nor unload it for the other tests)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
+    env.update(PYTHONPATH=FAKES, FAKE_HPU_DEVICE="1", OMP_NUM_THREADS="1")
+    test = f"{Path(__file__).name}::test_run_clm_trains_and_evaluates_with_each_bundled_config"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test]
+    result = subprocess.run(command, cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=600)
+    passed = f"{len(CONFIGS) * len(GAUDI_SOFTWARE)} passed"
+    assert result.returncode == 0 and passed in result.stdout, result.stdout[-4000:]
+
+
+@pytest.mark.skipif(not ON_DEVICE, reason="run on the simulated device by the test above")
 @pytest.mark.parametrize(
-    "name, gaudi_software", [(n, GAUDI_SOFTWARE[i % 2]) for i, n in enumerate(CONFIGS)], indirect=["gaudi_software"]
+    "name, gaudi_software", [(n, g) for n in CONFIGS for g in GAUDI_SOFTWARE], indirect=["gaudi_software"]
 )
 def test_run_clm_trains_and_evaluates_with_each_bundled_config(
     name, gaudi_software, bridge, tmp_path, cache, monkeypatch
@@ -139,6 +153,7 @@ def test_run_clm_trains_and_evaluates_with_each_bundled_config(
 
     if autoload.is_autoload_enabled():
         import habana_frameworks.torch  # noqa: F401  (what torch's entry point does at `import torch`)
+    allocations = torch.ops.fake_hpu.num_allocs()  # the simulated device's allocator (loaded at `import torch`)
     metrics = load_run_clm().main(argv)
     assert math.isfinite(metrics["eval_loss"]) and metrics["train_throughput_steps"] == 2
     names = bridge().names()
@@ -147,3 +162,4 @@ def test_run_clm_trains_and_evaluates_with_each_bundled_config(
     lists = expected_lists(name)
     if lists is not None:
         assert [sorted(s) for s in bridge().autocast_lists] == lists
+    assert torch.ops.fake_hpu.num_allocs() - allocations > 100  # model, batches, optimizer state on hpu

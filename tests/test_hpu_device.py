@@ -1,8 +1,9 @@
 """The simulated ``hpu`` device (tests/fakes, a test double: ``habana_frameworks/_device.py`` and
 ``torch/lib/fake_hpu_device.cpp``), checked in a fresh process as the examples run on it: tensors live on
 ``hpu``, torch.autocast('hpu') follows the bridge's op lists (``hpu_ops/autocast_helpers.h``), random ops
-draw from the HPU generator (``hpu/random.py``), 'hccl' takes hpu tensors only (``ProcessGroupHCCL.cpp``)
-and torch.hpu's memory API counts the device's bytes (``hpu/memory.py``)."""
+draw from the HPU generator (``hpu/random.py``), 'hccl' takes hpu tensors only (``ProcessGroupHCCL.cpp``),
+torch.hpu's memory API counts the device's bytes (``hpu/memory.py``), and kernels write contiguous outputs
+(torch's own fake tensors assume it for hpu: ``torch/_subclasses/fake_impls.py``)."""
 
 import os
 import subprocess
@@ -47,6 +48,13 @@ CHECKS = textwrap.dedent(
         assert a.bfloat16().relu().dtype == torch.bfloat16             # no list: unchanged
         assert torch.hpu.is_autocast_hpu_enabled()
     assert (a @ a).dtype == torch.float32                              # outside the context
+
+    # kernels: the CPU kernel where torch has one (not its composite decomposition), outputs contiguous
+    x = torch.randn(2, 3, 8, device="hpu")
+    with torch.autocast("hpu", dtype=torch.bfloat16):
+        norm = torch.nn.functional.layer_norm(x, (8,), torch.ones(8, device="hpu"), torch.zeros(8, device="hpu"))
+    assert norm.dtype == torch.bfloat16                                # first input cast, native layer norm
+    assert x.transpose(1, 2).exp().is_contiguous() and torch.empty_like(x.transpose(1, 2)).is_contiguous()
 
     # random: hpu ops draw from the HPU generator, reseeded by torch.hpu.manual_seed, and leave the CPU's alone
     cpu_state = torch.get_rng_state()

@@ -65,6 +65,7 @@ def load_library() -> None:
     global _loaded
     if not _loaded:
         torch.ops.load_library(str(_library()))
+        torch.ops.fake_hpu.route_cpu_kernels()
         _loaded = True
 
 

@@ -25,6 +25,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <atomic>
+#include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_set>
@@ -192,6 +194,13 @@ at::Tensor empty_strided_hpu(c10::IntArrayRef size, c10::IntArrayRef stride, std
                              std::optional<at::Layout>, std::optional<at::Device>, std::optional<bool>) {
   return at::detail::empty_strided_generic(size, stride, &hpu_allocator,
                                            c10::DispatchKeySet(c10::DispatchKey::HPU), c10::dtype_or_default(dtype));
+}
+
+// empty_like and the other "like" factories: contiguous on hpu, whatever the source's layout (as above).
+at::Tensor empty_like_hpu(const at::Tensor& self, std::optional<at::ScalarType> dtype, std::optional<at::Layout>,
+                          std::optional<at::Device>, std::optional<bool>, std::optional<at::MemoryFormat>) {
+  return empty_hpu(self.sizes(), dtype.has_value() ? dtype : std::optional<at::ScalarType>(self.scalar_type()),
+                   std::nullopt, std::nullopt, std::nullopt, at::MemoryFormat::Contiguous);
 }
 
 at::Tensor& copy_hpu(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
@@ -370,7 +379,9 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     for (size_t i = 0; i < aliases.size(); ++i) {
       if (r.is_same(aliases[i])) return originals[i];
     }
-    return hpu_alias(r);
+    // A Gaudi's kernels write contiguous outputs: torch's fake tensors assume it for hpu
+    // (torch/_subclasses/fake_impls.py is_noncontiguous_supported), so compiled graphs' views rely on it.
+    return hpu_alias(r.is_contiguous() ? r : r.contiguous());
   };
   for (size_t k = stack->size() - schema.returns().size(); k < stack->size(); ++k) {
     c10::IValue& r = (*stack)[k];
@@ -454,11 +465,46 @@ void set_autocast_lists(std::vector<std::string> lower, std::vector<std::string>
   fp32_ops = {fp32.begin(), fp32.end()};
 }
 
+// The bridge has its own kernel for each aten op it supports; torch's CompositeExplicitAutograd kernels (which
+// would otherwise take precedence over the fallback, e.g. math_native_layer_norm) are decompositions a real
+// backend does not run, and the NonFunctional ones of structured ops (exp, add, ...) allocate outputs in the
+// input's layout where a Gaudi writes them contiguous. Every aten op with a CPU kernel, no hpu kernel yet and no alias in its results is
+// therefore routed to the CPU kernel too (device changes, copies and factories keep their own path).
+int64_t route_cpu_kernels() {
+  static std::unique_ptr<torch::Library> lib;
+  static std::deque<std::string> names;
+  if (!lib) lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::HPU, __FILE__, __LINE__);
+  const std::unordered_set<std::string> own_path{"_to_copy", "to", "copy_", "_copy_from", "_copy_from_and_resize",
+                                                 "empty", "empty_strided", "empty_like", "resize_", "set_",
+                                                 "_local_scalar_dense", "_pin_memory", "is_pinned", "lift_fresh"};
+  int64_t routed = 0;
+  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto op = c10::Dispatcher::singleton().findOp(name);
+    if (!op || !op->hasSchema() || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::HPU) ||
+        !(op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))) {
+      continue;
+    }
+    std::string base = name.name.substr(6);
+    if (own_path.count(base)) continue;
+    bool aliases = false;
+    for (const auto& r : op->schema().returns()) aliases = aliases || (r.alias_info() != nullptr && !r.alias_info()->isWrite());
+    if (aliases) continue;
+    names.push_back(name.overload_name.empty() ? base : base + "." + name.overload_name);
+    lib->impl(names.back().c_str(), torch::CppFunction::makeFromBoxedFunction<&run_on_host>());
+    ++routed;
+  }
+  return routed;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, HPU, m) {
   m.impl("empty.memory_format", empty_hpu);
   m.impl("empty_strided", empty_strided_hpu);
+  m.impl("empty_like", empty_like_hpu);
   m.impl("copy_", copy_hpu);
   m.impl("_copy_from", copy_from_hpu);
   m.impl("_copy_from_and_resize", copy_from_and_resize_hpu);
@@ -490,6 +536,7 @@ TORCH_LIBRARY(fake_hpu, m) {
   m.def("reset_peak_memory_stats() -> ()", [] { peak_bytes.store(live_bytes.load()); });
   m.def("num_allocs() -> int", [] { return allocations.load(); });
   m.def("set_autocast_lists(str[] lower, str[] fp32) -> ()", set_autocast_lists);
+  m.def("route_cpu_kernels() -> int", route_cpu_kernels);
   m.def("set_device(int index) -> ()", [](int64_t index) {
     check_index(static_cast<int>(index));
     current_index = static_cast<int>(index);
