@@ -376,3 +376,47 @@ def test_a_parameter_the_forward_does_not_use_is_not_decayed_under_training_grap
     assert torch.equal(eager["unused_head.weight"], initial)
     assert torch.equal(graphs["unused_head.weight"], initial)
     assert all(torch.equal(graphs[name], eager[name]) for name in eager)
+
+
+# ---- the simulator, round 3: the bridge registers hpu_backend only when it loads in eager mode ----------------
+
+
+@pytest.mark.parametrize("gaudi_software", ["1.19", "1.21"], indirect=True)
+def test_torch_compile_in_lazy_mode_is_one_line(bridge, gaudi_software, tmp_path, monkeypatch):
+    """``core/__init__.py`` imports ``dynamo.compile_backend`` (which registers hpu_backend) only outside lazy
+    mode, so a lazy-mode run could not compile: the arguments already refuse the pair in one line."""
+    from optimum_gaudi import GaudiArgumentError
+
+    with pytest.raises(GaudiArgumentError, match="--torch_compile needs eager mode; drop --use_lazy_mode"):
+        hpu_args(tmp_path, use_lazy_mode=True, torch_compile=True)
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
+    import habana_frameworks.torch.core  # noqa: F401
+
+    assert "hpu_backend" not in torch._dynamo.list_backends(exclude_tags=())
+
+
+def test_fused_adamw_cuts_its_step_into_graphs_in_lazy_mode(bridge, tmp_path):
+    """``hpex/optimizers/FusedAdamW.py``: a mark_step at each param group's update and after the step (lazy only);
+    the trainer's own mark_steps (after backward, after the optimizer step) stay as they were."""
+    trainer = GaudiTrainer(
+        model=tiny_classifier(), args=hpu_args(tmp_path, use_lazy_mode=True, gaudi_config_name="gpt2"),
+        train_dataset=[{"input_ids": [i + 1] * 8, "labels": i % 3} for i in range(8)],
+    )  # fmt: skip
+    trainer.train()
+    names = bridge().names()
+    groups = len(trainer.optimizer.param_groups)
+    assert names.count("hpex.optimizers.FusedAdamW.mark_step") == 2 * (groups + 1)
+    assert names.count("core.mark_step") == 2 * 2
+
+
+def test_an_exported_tensor_cache_setting_wins_over_the_argument_and_is_said(bridge, tmp_path, monkeypatch, caplog):
+    """``hpu/graphs.py`` reads PT_HPUGRAPH_DISABLE_TENSOR_CACHE over the argument, as the bridge reads
+    PT_HPU_ENABLE_REFINE_DYNAMIC_SHAPES over the config: one line says which decides."""
+    monkeypatch.setenv("PT_HPUGRAPH_DISABLE_TENSOR_CACHE", "1")
+    args = hpu_args(tmp_path, use_lazy_mode=True, use_hpu_graphs_for_inference=True)
+    data = [{"input_ids": [i + 1] * 8, "labels": i % 3} for i in range(8)]
+    with caplog.at_level("WARNING"):
+        GaudiTrainer(model=tiny_classifier(), args=args).evaluate(data)
+    assert bridge().calls_named("hpu.wrap_in_hpu_graph")[0].kwargs["disable_tensor_cache"] is True
+    said = [r.message for r in caplog.records if "PT_HPUGRAPH_DISABLE_TENSOR_CACHE=1" in r.message]
+    assert len(said) == 1 and "--disable_tensor_cache_hpu_graphs" in said[0]

@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 LAZY_ENV = "PT_HPU_LAZY_MODE"
 DYNAMIC_SHAPES_ENV = "PT_HPU_ENABLE_REFINE_DYNAMIC_SHAPES"
+TENSOR_CACHE_ENV = "PT_HPUGRAPH_DISABLE_TENSOR_CACHE"  # read by hpu/graphs.py over its argument
 TRANSFORMER_ENGINE = (
     "habana_frameworks.torch.hpex.experimental.transformer_engine"  # re-exports intel_transformer_engine
 )
@@ -319,6 +320,12 @@ class HPUDevice(Device):
         hthpu = self._graphs_or_warn("wrap_in_hpu_graph")
         if hthpu is None:
             return model
+        exported = os.environ.get(TENSOR_CACHE_ENV)
+        if exported is not None and (exported == "1") != disable_tensor_cache:
+            _warn_once(
+                f"{TENSOR_CACHE_ENV}={exported} is exported: the bridge takes it over "
+                f"--disable_tensor_cache_hpu_graphs={str(disable_tensor_cache).lower()}; unset it to follow the argument."
+            )
         model = hthpu.wrap_in_hpu_graph(model, disable_tensor_cache=disable_tensor_cache, max_graphs=max_graphs)
         graphed = model.forward
 

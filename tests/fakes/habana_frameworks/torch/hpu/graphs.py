@@ -11,7 +11,9 @@ Follows ``hpu/graphs.py``:
   results into those static output tensors, which carry no autograd history: nothing flows back through a
   replay. Past ``max_graphs`` keys (default: no limit) new keys run the plain forward. With
   ``disable_tensor_cache=True`` the bridge copies only into the capture inputs the graph did not match as
-  user inputs (``get_user_input_match_indices``, decided in C++); here into all of them, the worst case.
+  user inputs (``get_user_input_match_indices``, decided in C++); here into all of them, the worst case. An
+  exported PT_HPUGRAPH_DISABLE_TENSOR_CACHE decides instead of the argument ("1" on, anything else off), in
+  ``wrap_in_hpu_graph`` and ``ModuleCacher`` alike; the records carry the value in force.
 - ``ModuleCacher(max_graphs=10)(model, ...)`` asserts that ``model.forward`` takes no positional-only
   or ``*args`` parameter, patches ``model.forward`` and caches one graph per input key for training
   forwards (module in training mode, grad enabled, lazy mode), at most ``max_graphs``; other forwards run
@@ -241,7 +243,14 @@ def _copy_into(dst, src):
         dst.copy_(src)
 
 
+def _tensor_cache_disabled(asked: bool) -> bool:
+    """``env_tensor_cache = os.environ.get("PT_HPUGRAPH_DISABLE_TENSOR_CACHE")``: exported, it wins."""
+    exported = __import__("os").environ.get("PT_HPUGRAPH_DISABLE_TENSOR_CACHE")
+    return asked if exported is None else exported == "1"
+
+
 def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dry_run=False, max_graphs=None):
+    disable_tensor_cache = _tensor_cache_disabled(disable_tensor_cache)
     _hf.record(
         "hpu.wrap_in_hpu_graph",
         module,
@@ -327,6 +336,7 @@ class ModuleCacher(torch.nn.Module):
         disable_tensor_cache=False,
         dry_run=False,
     ):
+        disable_tensor_cache = _tensor_cache_disabled(disable_tensor_cache)
         _hf.record(
             "hpu.ModuleCacher.__call__",
             model,

@@ -107,7 +107,7 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
         from habana_frameworks.torch.utils.internal import is_lazy
 
         if is_lazy():  # StepMarker before the collective (ProcessGroupHCCL::collective)
-            _hf.record("core.mark_step", device_str="", sync=False, lazy=True, collective=name)
+            _hf.record("distributed.hccl.step_marker", collective=name)
 
     def _run(self, name, tensors, call, outputs=None):
         outputs = tensors if outputs is None else outputs

@@ -12,8 +12,11 @@ its kernel ``hpu_ops/backend/optimizer_adamw_gen.cpp``, computed with torch ops 
   raw second-moment root, where torch's AdamW adds it after dividing by ``sqrt(1 - beta2**t)``, so the two
   differ slightly in the first steps.
 
-Not simulated (they raise NotImplementedError): bias_correction=False and moments_dtype. The real optimizer
-also calls mark_step() around its update in lazy mode, which is not recorded as ``core.mark_step`` here.
+- in lazy mode the step is cut into graphs as the real one cuts it (``_mark_step_if_lazy`` at the start of
+  each param group's update and after the step, ``step_wrap``); recorded as
+  ``hpex.optimizers.FusedAdamW.mark_step`` (not as ``core.mark_step``, which counts the caller's own).
+
+Not simulated (they raise NotImplementedError): bias_correction=False and moments_dtype.
 """
 
 import math
@@ -21,6 +24,13 @@ import math
 import torch
 
 import habana_frameworks as _hf
+
+from ...utils.internal import is_lazy
+
+
+def _mark_step_if_lazy(where: str) -> None:
+    if is_lazy():
+        _hf.record("hpex.optimizers.FusedAdamW.mark_step", where=where)
 
 
 class FusedAdamW(torch.optim.Optimizer):
@@ -66,6 +76,7 @@ class FusedAdamW(torch.optim.Optimizer):
         n = len(_hf.calls_named("hpex.optimizers.FusedAdamW.step")) + 1
         _hf.record("hpex.optimizers.FusedAdamW.step", n=n, lr=[g["lr"] for g in self.param_groups])
         for group in self.param_groups:
+            _mark_step_if_lazy("group")
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
@@ -87,4 +98,5 @@ class FusedAdamW(torch.optim.Optimizer):
                 if keep != 1.0:
                     p.mul_(keep)
                 p.add_(update)
+        _mark_step_if_lazy("after step")
         return loss
