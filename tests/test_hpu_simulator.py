@@ -54,13 +54,16 @@ def test_lazy_mode_full_gaudi_path(bridge, tmp_path, tiny_gpt2, tiny_lm_data):
         use_hpu_graphs_for_inference=True, disable_tensor_cache_hpu_graphs=True,
     )  # fmt: skip
     # one training step, in order: forward (graph-cached), mark_step after forward (pipelining),
-    # mark_step after backward, fused clip, fused AdamW step, mark_step after the optimizer step
+    # mark_step after backward, fused clip, fused AdamW step (its own mark_step per param group and after
+    # the update), mark_step after the optimizer step
+    groups = len(trainer.optimizer.param_groups)
     step = [
         "hpu.ModuleCacher.forward",
         "core.mark_step",
         "core.mark_step",
         "hpex.normalization.FusedClipNorm.clip_norm",
         "hpex.optimizers.FusedAdamW.step",
+        *["hpex.optimizers.FusedAdamW.mark_step"] * (groups + 1),
         "core.mark_step",
     ]
     setup = ("hpu.memory_stats", "hpu.ModuleCacher.capture", "hpex.normalization.FusedClipNorm")

@@ -20,7 +20,9 @@ Follows ``hpu/graphs.py``:
   the plain forward. The patched ``model.forward`` is the cacher's bound method, whose body starts with
   ``self.iteration_cnt += 1``: its function rebound to the model (accelerate's mixed precision does
   ``MethodType(model.forward.__func__, model)``) fails with an AttributeError on the model, as the real
-  one does. A cached forward here runs the model's own forward, so gradients are exact (the
+  one does. The capture call's own input tensors become the graph's inputs: each replay copies its batch
+  into them (the first batch of each shape is overwritten by every later one, as in the bridge's
+  ``make_graphed_callables``) and runs the model's own forward on them, so gradients are exact (the
   static-output aliasing of the real training graphs is not simulated). Capturing a DistributedDataParallel
   model fails as in the real ``GraphModel``. A capture also captures the backward, from every output that
   requires grad to every input and parameter that does, with ``allow_unused=allow_unused_input`` (default
@@ -319,6 +321,7 @@ class ModuleCacher(torch.nn.Module):
         super().__init__()
         self.max_graphs = max_graphs
         self.graph_keys = []
+        self.static_inputs = {}  # per graph key: the arguments of its capture call
         self.iteration_cnt = -1
         self.use_lazy_mode = __import__("os").environ.get("PT_HPU_LAZY_MODE", "1") == "1"
         _hf.record("hpu.ModuleCacher", max_graphs=max_graphs)
@@ -383,6 +386,12 @@ class ModuleCacher(torch.nn.Module):
                 ), "Use DataParallel/DistributedDataParallel only after wrapping with ModuleCacher"
                 _hf.record("hpu.ModuleCacher.capture", graphs=len(self.graph_keys) + 1)
             _hf.record("hpu.ModuleCacher.forward", training=self.model.training, cached=True)
+            if capture:
+                self.static_inputs[key] = full  # the capture call's own tensors become the graph's inputs
+            else:  # a replay copies the batch into them (make_graphed_callables: static_input_surface[i].copy_)
+                with torch.no_grad():
+                    _copy_into(self.static_inputs[key], full)
+                full = self.static_inputs[key]
             outputs = self.orig_model(**full)
             if self.allow_unused_input:
                 _materialize_unused_grads(outputs, self.orig_model)
