@@ -420,3 +420,24 @@ def test_an_exported_tensor_cache_setting_wins_over_the_argument_and_is_said(bri
     assert bridge().calls_named("hpu.wrap_in_hpu_graph")[0].kwargs["disable_tensor_cache"] is True
     said = [r.message for r in caplog.records if "PT_HPUGRAPH_DISABLE_TENSOR_CACHE=1" in r.message]
     assert len(said) == 1 and "--disable_tensor_cache_hpu_graphs" in said[0]
+
+
+def test_dynamic_shapes_reach_the_backwards_thread_in_lazy_mode(bridge, tmp_path, monkeypatch):
+    """``backend/helpers/dynamic_shape_info.cpp``: in lazy mode the flag is per thread, each starting from
+    PT_HPU_ENABLE_REFINE_DYNAMIC_SHAPES as the bridge read it; enable_dynamic_shape() from the main thread left
+    the autograd engine's device thread (the backward) without dynamic shapes."""
+    import json
+    import threading
+
+    monkeypatch.delenv("PT_HPU_ENABLE_REFINE_DYNAMIC_SHAPES", raising=False)
+    config = tmp_path / "gaudi_config.json"
+    config.write_text(json.dumps({"use_fused_adam": False, "use_dynamic_shapes": True}))
+    args = hpu_args(tmp_path, use_lazy_mode=True, gaudi_config_name=str(config))
+    GaudiTrainer(model=tiny_classifier(), args=args)
+    import habana_frameworks.torch.hpu as hthpu
+
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(hthpu.get_dynamic_shape_status()))
+    worker.start()
+    worker.join()
+    assert hthpu.get_dynamic_shape_status() and seen == [True]

@@ -76,10 +76,18 @@ def loaded_op_lists() -> tuple[set[str], set[str]]:
     return read(BF16_LIST_ENV, HABANA_DEFAULT_BF16_OPS), read(FP32_LIST_ENV, HABANA_DEFAULT_FP32_OPS)
 
 
-def prepare_bridge(lazy: bool, op_lists: tuple[list[str], list[str]] | None) -> str | None:
-    """Give the bridge the lazy mode and the (resolved) op lists a run asks for.
+# Set with the dynamic-shapes variable when prepare_bridge sets it: an equal value is ours, not the user's choice
+DYNAMIC_SHAPES_OURS_ENV = "OPTIMUM_GAUDI_DYNAMIC_SHAPES_FROM_CONFIG"
 
-    Before the bridge loads this sets its variables. After, it asks the bridge: a different mode is returned
+
+def prepare_bridge(
+    lazy: bool, op_lists: tuple[list[str], list[str]] | None, dynamic_shapes: bool | None = None
+) -> str | None:
+    """Give the bridge the lazy mode, the (resolved) op lists and the dynamic-shape switch a run asks for.
+
+    Before the bridge loads this sets its variables; dynamic shapes too, unless the user exported the variable:
+    in lazy mode each of the bridge's threads starts from it (the backward runs on the autograd engine's own
+    thread), so switching it later from the main thread does not reach the backward. After, it asks the bridge: a different mode is returned
     as a one-line message for the caller to raise (the run cannot work as asked); different op lists are one
     warning naming the exact variables to set, and the run goes on with the bridge's lists.
     """
@@ -88,6 +96,12 @@ def prepare_bridge(lazy: bool, op_lists: tuple[list[str], list[str]] | None) -> 
         wanted.update(op_list_environment(*op_lists))
     loaded_lazy = bridge_is_lazy()
     if loaded_lazy is None:
+        if dynamic_shapes is not None and os.environ.get(DYNAMIC_SHAPES_ENV) in (
+            None,
+            os.environ.get(DYNAMIC_SHAPES_OURS_ENV),
+        ):
+            value = "1" if dynamic_shapes else "0"
+            wanted.update({DYNAMIC_SHAPES_ENV: value, DYNAMIC_SHAPES_OURS_ENV: value})
         os.environ.update(wanted)
         return None
     if loaded_lazy != lazy:
@@ -228,7 +242,7 @@ class HPUDevice(Device):
         """The config's switch, unless the user exported the bridge's own variable: the bridge starts from it
         (``backend/helpers/dynamic_shape_info.cpp``), and an exported value is the user's explicit choice."""
         exported = os.environ.get(DYNAMIC_SHAPES_ENV)
-        if exported is not None:
+        if exported is not None and exported != os.environ.get(DYNAMIC_SHAPES_OURS_ENV):
             if (exported == "1") != enabled:
                 _warn_once(
                     f"{DYNAMIC_SHAPES_ENV}={exported} is exported: it decides dynamic shapes, not the Gaudi "
@@ -237,6 +251,12 @@ class HPUDevice(Device):
             return
         hthpu = importlib.import_module("habana_frameworks.torch.hpu")
         (hthpu.enable_dynamic_shape if enabled else hthpu.disable_dynamic_shape)()
+        if self.is_lazy() and exported is not None and (exported == "1") != enabled:
+            _warn_once(
+                f"use_dynamic_shapes={str(enabled).lower()} reaches this thread only: in lazy mode the bridge's other "
+                f"threads (the backward's) keep {DYNAMIC_SHAPES_ENV}={exported} from when it loaded. Give this Gaudi "
+                "config to the training arguments (--gaudi_config_name), not only to the trainer."
+            )
 
     def reset_peak_memory_stats(self) -> None:
         importlib.import_module("habana_frameworks.torch.hpu").reset_peak_memory_stats()

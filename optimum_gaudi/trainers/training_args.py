@@ -403,8 +403,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments):
         return f"{' '.join(given)} (which turns on --torch_compile)" if given else "--torch_compile"
 
     def _set_bridge_environment(self) -> None:
-        """Lazy mode and the autocast op lists reach the bridge: set before it loads, or checked against the
-        loaded bridge's own answer (Gaudi software 1.21+ loads it during `import torch`)."""
+        """Lazy mode, the autocast op lists and dynamic shapes reach the bridge: set before it loads, or checked
+        against the loaded bridge's own answer (Gaudi software 1.21+ loads it during `import torch`)."""
         if not bridge_installed():
             os.environ["PT_HPU_LAZY_MODE"] = "1" if self.use_lazy_mode else "0"  # for a bridge Python finds later
             return
@@ -412,7 +412,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments):
         op_lists = None
         if config is not None and config_uses_op_lists(config):
             op_lists = resolve_op_lists(config.autocast_bf16_ops, config.autocast_fp32_ops)
-        problem = prepare_bridge(self.use_lazy_mode, op_lists)
+        dynamic_shapes = None if config is None else config.use_dynamic_shapes
+        problem = prepare_bridge(self.use_lazy_mode, op_lists, dynamic_shapes)
         if problem is not None:
             raise GaudiArgumentError(problem)
 

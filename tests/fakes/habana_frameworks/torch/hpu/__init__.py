@@ -5,7 +5,8 @@ Follows ``hpu/__init__.py``: the graph API (HPUGraph, graph, make_graphed_callab
 wrap_in_hpu_graph, from ``hpu/graphs.py``) is exported only when the bridge is in lazy mode
 (``utils/internal.py`` ``is_lazy``, decided once); ``is_lazy`` itself is importable from here;
 ``enable_dynamic_shape`` / ``disable_dynamic_shape`` / ``get_dynamic_shape_status`` switch the bridge's
-dynamic-shape support (here a flag, initially PT_HPU_ENABLE_REFINE_DYNAMIC_SHAPES=1 or not).
+dynamic-shape support (here a flag, initially PT_HPU_ENABLE_REFINE_DYNAMIC_SHAPES=1 or not; per thread in lazy
+mode, as ``backend/helpers/dynamic_shape_info.cpp`` keeps it).
 
 FAKE_HPU_DEVICE_COUNT (default 1) sets how many Gaudis the simulator reports; 0 simulates a machine
 with the bridge installed but no device.
@@ -17,6 +18,7 @@ process to that device and the autocast state is torch's for device type 'hpu'.
 """
 
 import os
+import threading
 
 import torch
 
@@ -37,7 +39,11 @@ from .random import get_rng_state, initial_seed, manual_seed, manual_seed_all, s
 if is_lazy():
     from .graphs import HPUGraph, ModuleCacher, graph, make_graphed_callables, wrap_in_hpu_graph  # noqa: F401
 
+# backend/helpers/dynamic_shape_info.cpp: in lazy mode the flag is thread_local, each thread starting from
+# PT_HPU_ENABLE_REFINE_DYNAMIC_SHAPES as the bridge read it, and enable/disable change the calling thread's only
+# (the autograd engine runs the backward on its own device thread); in eager mode they set the process flag.
 _dynamic_shapes = os.environ.get("PT_HPU_ENABLE_REFINE_DYNAMIC_SHAPES", "0") == "1"
+_thread = threading.local()
 
 
 def _count() -> int:
@@ -118,17 +124,24 @@ def get_autocast_hpu_dtype():
     return torch.get_autocast_dtype("hpu")
 
 
-def enable_dynamic_shape():
+def _set_dynamic_shapes(enabled: bool) -> None:
     global _dynamic_shapes
-    _hf.record("hpu.enable_dynamic_shape")
-    _dynamic_shapes = True
+    if is_lazy():
+        _thread.dynamic_shapes = enabled
+    else:
+        _dynamic_shapes = enabled
+
+
+def enable_dynamic_shape():
+    _hf.record("hpu.enable_dynamic_shape", thread=threading.current_thread().name)
+    _set_dynamic_shapes(True)
 
 
 def disable_dynamic_shape():
-    global _dynamic_shapes
-    _hf.record("hpu.disable_dynamic_shape")
-    _dynamic_shapes = False
+    _hf.record("hpu.disable_dynamic_shape", thread=threading.current_thread().name)
+    _set_dynamic_shapes(False)
 
 
 def get_dynamic_shape_status() -> bool:
-    return _dynamic_shapes
+    """The calling thread's flag in lazy mode, the process's in eager mode."""
+    return getattr(_thread, "dynamic_shapes", _dynamic_shapes) if is_lazy() else _dynamic_shapes
