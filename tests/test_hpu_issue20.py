@@ -441,3 +441,16 @@ def test_dynamic_shapes_reach_the_backwards_thread_in_lazy_mode(bridge, tmp_path
     worker.start()
     worker.join()
     assert hthpu.get_dynamic_shape_status() and seen == [True]
+
+
+def test_the_bridges_profiler_takes_its_own_fixed_arguments(bridge, tmp_path):
+    """``activity_profiler.py`` replaces torch.profiler.profile with a class of fixed keyword-only arguments: one
+    torch added later (``acc_events``) is a TypeError there, so the profiling feature passes none of them."""
+    args = hpu_args(tmp_path, use_lazy_mode=True, profiling_steps=1, profiling_warmup_steps=0)
+    import habana_frameworks.torch  # noqa: F401  (loaded by the arguments; patches torch.profiler.profile)
+
+    with pytest.raises(TypeError):
+        torch.profiler.profile(acc_events=True)
+    data = [{"input_ids": [i + 1] * 8, "labels": i % 3} for i in range(8)]
+    GaudiTrainer(model=tiny_classifier(), args=args, train_dataset=data).train()
+    assert bridge().calls_named("activity_profiler.profile")

@@ -27,7 +27,28 @@ class HabanaProfilerActivity(Enum):
 
 
 class habana_profile(_original_profile):  # noqa: N801  (the bridge's name)
-    def __init__(self, *, activities=None, **kwargs):
+    def __init__(
+        self,
+        *,
+        activities=None,
+        debug_activities=None,
+        schedule=None,
+        on_trace_ready=None,
+        record_shapes=False,
+        profile_memory=False,
+        with_stack=False,
+        with_flops=False,
+        with_modules=False,
+        experimental_config=None,
+        use_cuda=None,
+    ):  # activity_profiler.py's fixed keyword-only signature: any other of torch's arguments is a TypeError
+        kwargs = dict(
+            schedule=schedule, on_trace_ready=on_trace_ready, record_shapes=record_shapes,
+            profile_memory=profile_memory, with_stack=with_stack, with_flops=with_flops, with_modules=with_modules,
+            experimental_config=experimental_config,
+        )  # fmt: skip
+        if use_cuda is not None:
+            kwargs["use_cuda"] = use_cuda
         current = torch.profiler.ProfilerActivity
         activities = (current.CPU, current.HPU) if activities is None else list(activities)
         self.hpu_profiling_active = current.HPU in activities
