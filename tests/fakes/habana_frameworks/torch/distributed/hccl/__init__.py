@@ -16,6 +16,7 @@ is a process group for device type hpu, as ``ProcessGroupHCCL.cpp``: its collect
 (``StepMarker`` before the collective), and the data moves through gloo on host copies.
 """
 
+import atexit
 import os
 
 import torch
@@ -153,7 +154,16 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
         return self._gloo.barrier(opts or dist.BarrierOptions())
 
 
+def _destroy_at_exit() -> None:
+    """The group is a Python object holding a gloo group: destroyed during interpreter teardown, gloo's threads
+    could abort a rank on its way out. An atexit hook (a simulator artifact; the real group is C++) destroys it
+    while Python is still whole."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 if dist.is_available() and hasattr(dist, "ProcessGroupGloo") and _device.loaded():
+    atexit.register(_destroy_at_exit)
     dist.Backend.register_backend("hccl", _ProcessGroupHCCL, devices=["hpu"])
     _hf.record("distributed.hccl.register", backend="hccl", alias_of=None)
 elif dist.is_available() and hasattr(dist, "ProcessGroupGloo"):
