@@ -33,21 +33,27 @@ CHECKS = textwrap.dedent(
         for _ in range(3):
             loss = model(data).pow(2).mean()
             loss.backward()
+            grad_device = model[0].weight.grad.device.type
             opt.step()
             opt.zero_grad()
         losses.append(loss.item())
-    assert losses[0] == losses[1], losses
-    assert hpu_model[0].weight.grad is None or hpu_model[0].weight.grad.device.type == "hpu"
+    assert losses[0] == losses[1] and grad_device == "hpu", (losses, grad_device)
 
     # autocast: lower list in bf16, fp32 list in fp32, the promote list in the widest input type, others as they are
     a = torch.randn(4, 4, device="hpu")
     with torch.autocast("hpu", dtype=torch.bfloat16):
         assert (a @ a).dtype == torch.bfloat16                         # matmul -> mm: default lower list
         assert torch.log(a.abs().bfloat16()).dtype == torch.float32    # default fp32 list
-        assert (a.bfloat16() + a).dtype == torch.float32               # promote
+        two = torch.tensor(2.0, device="hpu")                          # 0-dim: plain promotion keeps bf16
+        assert (a.bfloat16() + two).dtype == torch.float32              # the promote list: widest input
+        assert (a.bfloat16() - two).dtype == torch.float32
         assert a.bfloat16().relu().dtype == torch.bfloat16             # no list: unchanged
+        out = torch.empty(4, 4, device="hpu")
+        torch.mm(a, a, out=out)                                        # out= keeps its own dtype, written
+        assert out.dtype == torch.float32 and torch.allclose(out.cpu(), (a.cpu() @ a.cpu()), atol=1e-5)
         assert torch.hpu.is_autocast_hpu_enabled()
     assert (a @ a).dtype == torch.float32                              # outside the context
+    assert (a.bfloat16() + torch.tensor(2.0, device="hpu")).dtype == torch.bfloat16
 
     # kernels: the CPU kernel where torch has one (not its composite decomposition), outputs contiguous
     x = torch.randn(2, 3, 8, device="hpu")
@@ -68,22 +74,30 @@ CHECKS = textwrap.dedent(
     torch.hpu.set_rng_state(state)
     assert torch.equal(one.cpu(), torch.rand(3, device="hpu").cpu())
 
-    # memory: the allocator's live bytes
+    # memory: the device's live bytes, kernel outputs included
     before = torch.hpu.memory_allocated()
     block = torch.empty(1 << 20, dtype=torch.uint8, device="hpu")
     assert torch.hpu.memory_allocated() - before >= 1 << 20 and torch.hpu.max_memory_allocated() >= before + (1 << 20)
-    del block
+    doubled = block * 2                                                # a CPU kernel's output, held by the device
+    assert torch.hpu.memory_allocated() - before >= 2 << 20
+    del block, doubled
     assert torch.hpu.memory_allocated() == before
+
+    # set_ and views keep the storage
+    t = torch.empty(0, device="hpu").set_(torch.arange(6.0, device="hpu").untyped_storage())
+    assert t.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
 
     # hccl: hpu tensors only
     dist.init_process_group("hccl", rank=0, world_size=1, init_method="tcp://127.0.0.1:29531")
+    import habana_frameworks as hf
+
     t = torch.ones(3, device="hpu")
     dist.all_reduce(t)
-    assert t.device.type == "hpu" and t.sum().item() == 3
+    assert t.device.type == "hpu" and t.sum().item() == 3 and "distributed.hccl.allreduce" in hf.names()
     try:
         dist.all_reduce(torch.ones(3))
     except RuntimeError as error:
-        assert "HPU" in str(error) or "hpu" in str(error), error
+        assert "tensors must be on the HPU" in str(error), error
     else:
         raise AssertionError("hccl took a CPU tensor")
     dist.destroy_process_group()

@@ -393,6 +393,11 @@ def test_torch_compile_in_lazy_mode_is_one_line(bridge, gaudi_software, tmp_path
     import habana_frameworks.torch.core  # noqa: F401
 
     assert "hpu_backend" not in torch._dynamo.list_backends(exclude_tags=())
+    bridge().unload()  # the same bridge loaded eager registers it
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    import habana_frameworks.torch.core  # noqa: F401, F811
+
+    assert "hpu_backend" in torch._dynamo.list_backends(exclude_tags=())
 
 
 def test_fused_adamw_cuts_its_step_into_graphs_in_lazy_mode(bridge, tmp_path):

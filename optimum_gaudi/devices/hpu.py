@@ -251,10 +251,11 @@ class HPUDevice(Device):
             return
         hthpu = importlib.import_module("habana_frameworks.torch.hpu")
         (hthpu.enable_dynamic_shape if enabled else hthpu.disable_dynamic_shape)()
-        if self.is_lazy() and exported is not None and (exported == "1") != enabled:
+        loaded_with = exported or "0"  # what the bridge's other threads started from
+        if self.is_lazy() and (loaded_with == "1") != enabled:
             _warn_once(
                 f"use_dynamic_shapes={str(enabled).lower()} reaches this thread only: in lazy mode the bridge's other "
-                f"threads (the backward's) keep {DYNAMIC_SHAPES_ENV}={exported} from when it loaded. Give this Gaudi "
+                f"threads (the backward's) keep {DYNAMIC_SHAPES_ENV}={loaded_with} from when it loaded. Give this Gaudi "
                 "config to the training arguments (--gaudi_config_name), not only to the trainer."
             )
 

@@ -5,7 +5,7 @@ Follows ``python_packages/habana_frameworks/autoload/__init__.py`` and the ``ent
 PT_HPU_LAZY_MODE is set to something else than "1", and 1.21+ (eager by default) unless it is "1".
 torch itself skips every entry point when TORCH_DEVICE_BACKEND_AUTOLOAD=0 (``torch/__init__.py``).
 
-With FAKE_HPU_DEVICE=1 the simulated device library (``habana_frameworks.torch._device``) is loaded here
+With FAKE_HPU_DEVICE=1 the simulated device library (``habana_frameworks._device``) is loaded here
 whatever the choice: torch caches its accelerator hooks at the first query, which transformers and accelerate
 make while importing, before a lazy-mode bridge is imported. The library alone is not the bridge:
 ``torch.hpu`` is still registered only when ``habana_frameworks.torch`` is imported.

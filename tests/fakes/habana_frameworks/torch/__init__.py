@@ -25,7 +25,7 @@ Gaudi path. Without it (the in-process tests, which import the simulator many ti
 import ctypes
 import os
 
-os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # torch/__init__.py, before torch is imported
+os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"  # torch/__init__.py sets it first thing, unconditionally
 
 import torch as _torch  # noqa: E402
 

@@ -45,15 +45,15 @@ def _process_peak() -> int:
 
 def _check_device(device) -> int:
     """``_get_device_index(device, optional=True)`` (``hpu/_utils.py``): an int as it is, a str or
-    torch.device of type hpu (no index: the current device, here 0); any other device type is a
-    ValueError."""
+    torch.device of type hpu (no index: the current device); any other device type is a ValueError."""
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
         if device.type != "hpu":
             raise ValueError(f"Expected a hpu device, but got: {device}")
         device = device.index
-    index = 0 if device is None else device
+    current = int(torch.ops.fake_hpu.current_device()) if _device.loaded() else 0
+    index = current if device is None else device
     count = int(os.environ.get("FAKE_HPU_DEVICE_COUNT", "1"))
     if index < 0 or index >= count:
         raise AssertionError("Invalid device id")

@@ -14,11 +14,10 @@
 //   write into the hpu tensor itself.
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
-#include <ATen/native/Resize.h>
-#include <ATen/native/TensorFactories.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/detail/HPUHooksInterface.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
@@ -45,8 +44,12 @@ int device_count_from_env() {
   return n < 1 ? 1 : n;
 }
 const int kDeviceCount = device_count_from_env();
-std::atomic<int> current_index{0};
-c10::Device current() { return c10::Device(kHpu, static_cast<c10::DeviceIndex>(current_index.load())); }
+// The process's device (torch.hpu.set_device) and, as torch expects of a device guard, a per-thread override:
+// the autograd engine's worker thread for each device sets its own without moving the process.
+std::atomic<int> process_index{0};
+thread_local int thread_index = -1;
+int current_index() { return thread_index >= 0 ? thread_index : process_index.load(); }
+c10::Device current() { return c10::Device(kHpu, static_cast<c10::DeviceIndex>(current_index())); }
 void check_index(int index) {
   TORCH_CHECK(index >= -1 && index < kDeviceCount, "fake hpu: device hpu:", index, " does not exist (", kDeviceCount,
               " device(s))");
@@ -55,6 +58,14 @@ void check_index(int index) {
 std::atomic<int64_t> live_bytes{0};
 std::atomic<int64_t> peak_bytes{0};
 std::atomic<int64_t> allocations{0};
+
+void count_allocation(int64_t n) {
+  int64_t now = (live_bytes += n);
+  int64_t peak = peak_bytes.load();
+  while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
+  }
+  ++allocations;
+}
 
 // Each block remembers its size in a header so the deleter can update the counters.
 constexpr size_t kHeader = 64;  // keeps the payload 64-byte aligned, as CPU kernels expect
@@ -72,11 +83,7 @@ struct HostBackedHpuAllocator final : c10::Allocator {
     void* block = std::aligned_alloc(kHeader, kHeader + ((n + kHeader - 1) / kHeader) * kHeader);
     TORCH_CHECK(block != nullptr, "fake hpu: out of host memory allocating ", n, " bytes");
     *static_cast<int64_t*>(block) = static_cast<int64_t>(n);
-    int64_t now = (live_bytes += static_cast<int64_t>(n));
-    int64_t peak = peak_bytes.load();
-    while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
-    }
-    ++allocations;
+    count_allocation(static_cast<int64_t>(n));
     void* payload = static_cast<char*>(block) + kHeader;
     return {payload, payload, &release, current()};
   }
@@ -96,12 +103,14 @@ struct OneDeviceGuard final : c10::impl::DeviceGuardImplInterface {
   c10::Device getDevice() const override { return current(); }
   void setDevice(c10::Device d) const override {
     check_index(d.index());
-    if (d.index() >= 0) current_index = d.index();
+    if (d.index() >= 0) thread_index = d.index();
   }
   void uncheckedSetDevice(c10::Device d) const noexcept override {
-    if (d.index() >= 0 && d.index() < kDeviceCount) current_index = d.index();
+    if (d.index() >= 0 && d.index() < kDeviceCount) thread_index = d.index();
   }
-  c10::Stream getStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, current()); }
+  c10::Stream getStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, d.has_index() ? d : current());
+  }
   c10::Stream getDefaultStream(c10::Device d) const override { return getStream(d); }
   c10::Stream getNewStream(c10::Device d, int) const override { return getStream(d); }
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return getStream(d); }
@@ -136,7 +145,7 @@ struct HPUHooks final : at::HPUHooksInterface {
   c10::DeviceIndex getCurrentDevice() const override { return current().index(); }
   void setCurrentDevice(c10::DeviceIndex d) const override {
     check_index(d);
-    current_index = d;
+    thread_index = d;
   }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
     auto old = getCurrentDevice();
@@ -158,8 +167,8 @@ struct RegisterAllocator {
 } register_allocator;
 
 // A CPU tensor over the same bytes (sizes, strides and offset kept). Its storage holds the hpu storage alive
-// and is resizable: a CPU kernel that resizes an out= tensor moves it to fresh CPU memory, which
-// adopt_resized() then hands to the hpu tensor.
+// and is resizable: a CPU kernel that resizes an out= tensor moves it to fresh CPU memory, which the fallback
+// then hands to the hpu tensor.
 at::Tensor cpu_alias(const at::Tensor& t) {
   if (!t.defined() || t.device().type() != kHpu) return t;
   auto* keep = new c10::Storage(t.storage());
@@ -176,7 +185,12 @@ at::Tensor hpu_alias(const at::Tensor& t) {
   if (!t.defined() || t.device().type() != at::kCPU) return t;
   auto* ctx = new c10::Storage(t.storage());
   void* data = ctx->mutable_data();
-  c10::DataPtr ptr(data, ctx, [](void* c) { delete static_cast<c10::Storage*>(c); }, current());
+  count_allocation(static_cast<int64_t>(ctx->nbytes()));  // the device holds these bytes until the alias dies
+  c10::DataPtr ptr(data, ctx, [](void* c) {
+    auto* held = static_cast<c10::Storage*>(c);
+    live_bytes -= static_cast<int64_t>(held->nbytes());
+    delete held;
+  }, current());
   c10::Storage storage(c10::Storage::use_byte_size_t(), ctx->nbytes(), std::move(ptr), &hpu_allocator, true);
   auto out = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::HPU), t.dtype());
@@ -184,14 +198,28 @@ at::Tensor hpu_alias(const at::Tensor& t) {
   return out;
 }
 
+// Allocations land on the device asked for (hpu:N), else on the current one.
+struct OnDevice {
+  int saved = thread_index;
+  explicit OnDevice(const std::optional<at::Device>& device) {
+    if (device.has_value() && device->has_index()) {
+      check_index(device->index());
+      thread_index = device->index();
+    }
+  }
+  ~OnDevice() { thread_index = saved; }
+};
+
 at::Tensor empty_hpu(c10::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout>,
-                     std::optional<at::Device>, std::optional<bool>, std::optional<at::MemoryFormat> fmt) {
+                     std::optional<at::Device> device, std::optional<bool>, std::optional<at::MemoryFormat> fmt) {
+  OnDevice on(device);
   return at::detail::empty_generic(size, &hpu_allocator, c10::DispatchKeySet(c10::DispatchKey::HPU),
                                    c10::dtype_or_default(dtype), fmt);
 }
 
 at::Tensor empty_strided_hpu(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
-                             std::optional<at::Layout>, std::optional<at::Device>, std::optional<bool>) {
+                             std::optional<at::Layout>, std::optional<at::Device> device, std::optional<bool>) {
+  OnDevice on(device);
   return at::detail::empty_strided_generic(size, stride, &hpu_allocator,
                                            c10::DispatchKeySet(c10::DispatchKey::HPU), c10::dtype_or_default(dtype));
 }
@@ -220,6 +248,7 @@ at::Tensor copy_from_and_resize_hpu(const at::Tensor& self, const at::Tensor& ds
 
 const at::Tensor& resize_hpu(const at::Tensor& self, c10::IntArrayRef size, std::optional<at::MemoryFormat> fmt) {
   auto* impl = self.unsafeGetTensorImpl();
+  if (self.sizes() == size && !fmt.has_value()) return self;  // as the CPU's resize_: nothing to do
   int64_t needed = 0;
   impl->set_sizes_contiguous(size);
   if (fmt.has_value() && *fmt != at::MemoryFormat::Preserve) impl->empty_tensor_restride(*fmt);
@@ -237,7 +266,12 @@ const at::Tensor& resize_hpu(const at::Tensor& self, c10::IntArrayRef size, std:
 at::Tensor& set_storage_hpu(at::Tensor& self, c10::Storage source, int64_t offset, c10::IntArrayRef size,
                             c10::IntArrayRef stride) {
   self.unsafeGetTensorImpl()->set_storage_keep_dtype(std::move(source));
-  self.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride, offset);
+  if (stride.empty()) {  // set_'s default: contiguous
+    self.unsafeGetTensorImpl()->set_sizes_contiguous(size);
+    self.unsafeGetTensorImpl()->set_storage_offset(offset);
+  } else {
+    self.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride, offset);
+  }
   return self;
 }
 
@@ -420,6 +454,9 @@ void autocast_hpu(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
     else if (fp32_ops.count(name)) policy = kFp32;
     else if (promote_ops.count(name)) policy = kPromote;
   }
+  for (const auto& arg : op.schema().arguments()) {  // out= and in-place variants write their own dtype: no cast
+    if (arg.alias_info() != nullptr && arg.alias_info()->isWrite()) policy = kNone;
+  }
   const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::AutocastHPU);
   if (policy == kNone) {  // a fallthrough: composite ops decompose into ops that autocast sees again
     op.redispatchBoxed(below, stack);
@@ -539,9 +576,10 @@ TORCH_LIBRARY(fake_hpu, m) {
   m.def("route_cpu_kernels() -> int", route_cpu_kernels);
   m.def("set_device(int index) -> ()", [](int64_t index) {
     check_index(static_cast<int>(index));
-    current_index = static_cast<int>(index);
+    process_index = static_cast<int>(index);
+    thread_index = -1;
   });
-  m.def("current_device() -> int", [] { return static_cast<int64_t>(current_index.load()); });
+  m.def("current_device() -> int", [] { return static_cast<int64_t>(current_index()); });
   m.def("get_rng_state() -> Tensor", [] { return hpu_generator().get_state(); });
   m.def("set_rng_state(Tensor state) -> ()", [](const at::Tensor& state) { hpu_generator().set_state(state); });
   m.def("manual_seed(int seed) -> ()", [](int64_t seed) { hpu_generator().set_current_seed(seed); });

@@ -112,7 +112,7 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
 
     def _run(self, name, tensors, call, outputs=None):
         outputs = tensors if outputs is None else outputs
-        self._enter(name, tensors + [t for t in outputs if t is not None])
+        self._enter(name, tensors if outputs is tensors else tensors + [t for t in outputs if t is not None])
         host_in = [t.cpu() for t in tensors]
         host_out = host_in if outputs is tensors else [t.cpu() for t in outputs]
         call(host_in, host_out).wait()
