@@ -163,3 +163,16 @@ def test_run_clm_trains_and_evaluates_with_each_bundled_config(
     if lists is not None:
         assert [sorted(s) for s in bridge().autocast_lists] == lists
     assert torch.ops.fake_hpu.num_allocs() - allocations > 100  # model, batches, optimizer state on hpu
+
+
+def test_a_llama_compiles_once_with_gaudis_fused_kernels_on_the_device(tmp_path, cache):
+    """The bundled llama config on a Llama-family model: FusedSDPA, fused RMSNorm and RoPE inside torch.compile,
+    one graph for three same-shape steps. The simulated kernels' call log had made dynamo guard on its length:
+    a recompilation at every step."""
+    llama = ["--model_type", "llama", "--config_overrides"]
+    llama += ["num_hidden_layers=1,hidden_size=32,num_attention_heads=4,num_key_value_heads=2,intermediate_size=64"]
+    flags = [*llama, "--do_train", "--max_steps", "3", "--torch_compile", "--bf16", "--gaudi_config_name", "llama"]
+    flags += ["--attn_implementation", "gaudi_fused_sdpa"]
+    result, log = run_clm_process(tmp_path, cache, "1.21", *flags, launcher=None)
+    assert log["names"].count("dynamo.hpu_backend") == 1  # traced kernels leave no record (they run in the graph)
+    assert math.isfinite(json.loads((tmp_path / "out" / "train_results.json").read_text())["train_loss"])

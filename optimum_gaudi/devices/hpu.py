@@ -87,9 +87,10 @@ def prepare_bridge(
 
     Before the bridge loads this sets its variables; dynamic shapes too, unless the user exported the variable:
     in lazy mode each of the bridge's threads starts from it (the backward runs on the autograd engine's own
-    thread), so switching it later from the main thread does not reach the backward. After, it asks the bridge: a different mode is returned
-    as a one-line message for the caller to raise (the run cannot work as asked); different op lists are one
-    warning naming the exact variables to set, and the run goes on with the bridge's lists.
+    thread), so switching it later from the main thread does not reach the backward. After, it asks the
+    bridge: a different mode is returned as a one-line message for the caller to raise (the run cannot work as
+    asked); different op lists are one warning naming the exact variables to set, and the run goes on with the
+    bridge's lists.
     """
     wanted = {LAZY_ENV: "1" if lazy else "0"}
     if op_lists is not None:

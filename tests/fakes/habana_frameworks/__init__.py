@@ -98,7 +98,11 @@ def summarize(value: Any) -> Any:
     return f"<{type(value).__name__}>"
 
 
-def record(name: str, *args: Any, **kwargs: Any) -> Call:
+def record(name: str, *args: Any, **kwargs: Any) -> Call | None:
+    """Log a call, except while dynamo traces Python code: the real kernels are opaque ops to dynamo, and tracing this
+    list's append made dynamo guard on its length (a recompilation at every step) and replay the append."""
+    if _torch.compiler.is_dynamo_compiling():
+        return None
     call = Call(name, tuple(summarize(a) for a in args), {k: summarize(v) for k, v in kwargs.items()})
     calls.append(call)
     return call

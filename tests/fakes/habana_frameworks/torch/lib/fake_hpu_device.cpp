@@ -511,9 +511,9 @@ int64_t route_cpu_kernels() {
   static std::unique_ptr<torch::Library> lib;
   static std::deque<std::string> names;
   if (!lib) lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::HPU, __FILE__, __LINE__);
-  const std::unordered_set<std::string> own_path{"_to_copy", "to", "copy_", "_copy_from", "_copy_from_and_resize",
-                                                 "empty", "empty_strided", "empty_like", "resize_", "set_",
-                                                 "_local_scalar_dense", "_pin_memory", "is_pinned", "lift_fresh"};
+  // (ops with an hpu kernel above are skipped anyway; these keep torch's own path: device moves and pinning)
+  const std::unordered_set<std::string> own_path{"_to_copy", "_local_scalar_dense", "_pin_memory", "is_pinned",
+                                                 "lift_fresh"};
   int64_t routed = 0;
   for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
     if (name.name.rfind("aten::", 0) != 0) continue;
