@@ -32,6 +32,23 @@ def tiny_gpt2():
 
 
 FAKES = str(Path(__file__).parent / "fakes")
+# a pytest process started on the simulated hpu device (FAKE_HPU_DEVICE=1 with tests/fakes on PYTHONPATH, see
+# tests/test_e2e_simulator.py): transformers then places every model on hpu, so CPU-only tests are skipped there
+ON_DEVICE = os.environ.get("FAKE_HPU_DEVICE") == "1"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cpu: a run on CPU; skipped in a process on the simulated hpu device")
+
+
+def pytest_collection_modifyitems(config, items):
+    if ON_DEVICE:
+        skip = pytest.mark.skip(reason="a CPU run, and this process has the simulated hpu device")
+        for item in items:
+            if item.get_closest_marker("cpu"):
+                item.add_marker(skip)
+
+
 GAUDI_SOFTWARE = ("1.19", "1.21")  # the simulator's two generations: lazy default / eager default + autoload
 
 

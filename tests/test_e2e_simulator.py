@@ -121,17 +121,35 @@ def load_run_clm():
 ON_DEVICE = os.environ.get("FAKE_HPU_DEVICE") == "1"
 
 
-def test_every_bundled_config_runs_on_the_simulated_device():
-    """The matrix below (every bundled config on both Gaudi software generations), in one pytest process
-    started on the simulated hpu device (a process cannot load the
-    device after torch answered that it has no accelerator, nor unload it for the other tests)."""
+def pytest_on_device(*tests: str) -> subprocess.CompletedProcess:
+    """Tests in one pytest process started on the simulated hpu device (a process cannot load the device after
+    torch answered that it has no accelerator, nor unload it for the other tests)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
     env.update(PYTHONPATH=FAKES, FAKE_HPU_DEVICE="1", OMP_NUM_THREADS="1")
-    test = f"{Path(__file__).name}::test_run_clm_trains_and_evaluates_with_each_bundled_config"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test]
-    result = subprocess.run(command, cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
+    return subprocess.run(command, cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_every_bundled_config_runs_on_the_simulated_device():
+    """The matrix below: every bundled config on both Gaudi software generations."""
+    result = pytest_on_device(f"{Path(__file__).name}::test_run_clm_trains_and_evaluates_with_each_bundled_config")
     passed = f"{len(CONFIGS) * len(GAUDI_SOFTWARE)} passed"
     assert result.returncode == 0 and passed in result.stdout, result.stdout[-4000:]
+
+
+# The in-process tests of the HPU path's defects and of the simulator's strictness, again with the model, batches
+# and optimizer state on the hpu device (in the main pytest process they run on CPU tensors); tests marked
+# `cpu` skip there.
+ON_DEVICE_TOO = [
+    "test_hpu_issue20.py", "test_static_batch.py", "test_seq2seq.py", "test_hpu_user_settings.py",
+    "test_graphs.py", "test_llm_kernels.py", "test_hpu_strict.py",
+]  # fmt: skip
+
+
+def test_the_hpu_path_tests_pass_on_the_simulated_device():
+    result = pytest_on_device(*ON_DEVICE_TOO)
+    summary = result.stdout.strip().splitlines()[-1]
+    assert result.returncode == 0 and " passed" in summary and "failed" not in summary, result.stdout[-6000:]
 
 
 @pytest.mark.skipif(not ON_DEVICE, reason="run on the simulated device by the test above")

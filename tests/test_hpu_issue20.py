@@ -5,6 +5,7 @@ Each defect was found by reading the real bridge (HabanaAI/gaudi-pytorch-bridge 
 simulator models the behaviour involved, and each test failed before its fix.
 """
 
+import inspect
 from pathlib import Path
 
 import numpy as np
@@ -325,7 +326,8 @@ def test_a_second_train_under_ddp_takes_the_inference_graph_off_the_model(bridge
     assert trainer.model.forward != own_forward  # the inference graph's forward
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    on_device = next(trainer.model.parameters()).device.type == "hpu"  # the simulated device: hccl as on a Gaudi
+    dist.init_process_group("hccl" if on_device else "gloo", rank=0, world_size=1)
     try:
         trainer._wrap_model(DistributedDataParallel(trainer.model), training=True)
     finally:
@@ -459,3 +461,31 @@ def test_the_bridges_profiler_takes_its_own_fixed_arguments(bridge, tmp_path):
     data = [{"input_ids": [i + 1] * 8, "labels": i % 3} for i in range(8)]
     GaudiTrainer(model=tiny_classifier(), args=args, train_dataset=data).train()
     assert bridge().calls_named("activity_profiler.profile")
+
+
+@pytest.mark.parametrize("value", ["1", "true"])
+def test_the_bridges_markstep_adam_swap_cuts_torch_adamw_per_group_and_changes_no_loss(
+    bridge, tmp_path, monkeypatch, value
+):
+    """``torch/__init__.py`` ``overwrite_torch_optimizers``: PT_HPU_REPLACE_ADAM_ADAMW puts MarkstepAdam(W)'s step in
+    torch's Adam and AdamW, two mark_steps per param group; the trainer's torch AdamW (no fused AdamW) takes it
+    and trains to the same losses and weights."""
+    data = [{"input_ids": [i + 1] * 8, "labels": i % 3} for i in range(8)]
+
+    def run(directory):
+        model = tiny_classifier()
+        trainer = GaudiTrainer(model=model, args=hpu_args(directory, use_lazy_mode=True), train_dataset=data)
+        trainer.train()
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        return trainer, losses, [p.detach().cpu().clone() for p in model.parameters()]
+
+    _, reference, reference_weights = run(tmp_path / "torch")
+    bridge().unload()
+    monkeypatch.setenv("PT_HPU_REPLACE_ADAM_ADAMW", value)
+    marks_before = bridge().names().count("core.mark_step")  # the log outlives an unload: count the second run's
+    trainer, losses, weights = run(tmp_path / "markstep")
+    assert inspect.unwrap(type(trainer.optimizer.optimizer).step).bridge_markstep
+    groups = len(trainer.optimizer.param_groups)
+    trainer_marks = 2 * 2  # after backward and after the optimizer step, 2 steps
+    assert bridge().names().count("core.mark_step") - marks_before == trainer_marks + 2 * 2 * groups
+    assert losses == reference and all(torch.equal(a, b) for a, b in zip(weights, reference_weights, strict=True))

@@ -17,6 +17,7 @@ from conftest import GAUDI_SOFTWARE
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from optimum_gaudi import GaudiArgumentError, GaudiConfig, GaudiTrainer, GaudiTrainingArguments
+from optimum_gaudi.devices import hpu as hpu_device
 from optimum_gaudi.features import attention, kernels
 
 BOTH = pytest.mark.parametrize("gaudi_software", GAUDI_SOFTWARE, indirect=True)
@@ -90,6 +91,7 @@ def _cpu_kernel_after_each_test():
 # ---- CPU: gaudi_fused_sdpa is transformers' sdpa, call for call -------------------------------------------------
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("data", [padded_data, full_data], ids=["padding", "no-padding"])
 def test_gaudi_fused_sdpa_trains_exactly_like_sdpa_on_cpu(tmp_path, bf16, data):
@@ -134,6 +136,7 @@ def test_sdp_on_bf16_sets_torchs_math_sdpa_switch(tmp_path):
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(before)
 
 
+@pytest.mark.cpu
 def test_fused_norm_and_rope_swap_nothing_on_cpu(tmp_path):
     config = GaudiConfig(use_fused_rms_norm=True, use_fused_rope=True)
     reference = train_losses(llama(), args(tmp_path / "a"), full_data())
@@ -197,7 +200,10 @@ def test_fused_sdpa_on_gaudi_with_padding_gets_the_mask_or_the_causal_mode(tmp_p
     assert call["mask"] is None and call["is_causal"] and call["recompute"] and call["softmax_mode"] == "fast"
 
 
-def test_fast_softmax_with_a_padding_mask_falls_back_once_instead_of_the_bridges_assert(tmp_path, bridge, caplog):
+def test_fast_softmax_with_a_padding_mask_falls_back_once_instead_of_the_bridges_assert(
+    tmp_path, bridge, caplog, monkeypatch
+):
+    monkeypatch.setattr(hpu_device, "_warned", set())  # said once per process: an earlier test may have said it
     flags = dict(attn_implementation="gaudi_fused_sdpa", flash_attention_recompute=True)
     with caplog.at_level(logging.WARNING):
         hpu_losses(tmp_path, bridge, padded_data(), flash_attention_fast_softmax=True, **flags)

@@ -14,7 +14,8 @@ As ``python_packages/habana_frameworks/torch/__init__.py`` does, importing it:
 - replaces torch.profiler's activity enum (``activity_profiler``), registers the 'hccl' backend and
   sets distributed variables (``distributed/hccl``), imports ``core`` and ``hpu``.
 
-- sets TORCHINDUCTOR_COMPILE_THREADS=1 first (no inductor process pool).
+- sets TORCHINDUCTOR_COMPILE_THREADS=1 first (no inductor process pool);
+- with PT_HPU_REPLACE_ADAM_ADAMW=1 puts the Markstep steps in torch's Adam and AdamW (``hpex/optimizers/_markstep``).
 
 With FAKE_HPU_DEVICE=1 the plugin is a real ``hpu`` device (``_device``: host memory, the bridge's autocast
 op lists) and ``core`` registers ``torch.hpu`` as the bridge does, so transformers and accelerate take their
@@ -64,5 +65,39 @@ _hf.record("import", lazy=is_lazy(), generation=_hf.generation(), env=dict(_hf.e
 
 from . import activity_profiler, core, distributed, hpu  # noqa: E402, F401
 from .distributed import hccl  # noqa: E402, F401
+
+
+def _overwrite_torch_optimizers() -> None:
+    """torch/__init__.py ``overwrite_torch_optimizers``: with PT_HPU_REPLACE_ADAM_ADAMW 1/true/yes, torch's Adam
+    and AdamW steps become the Markstep ones (in place, so optimizers torch.optim.AdamW builds take them too),
+    and ``torch.optim.adam.Adam`` / ``torch.optim.adamw.AdamW`` the Markstep classes."""
+    if os.environ.get("PT_HPU_REPLACE_ADAM_ADAMW", "0").lower() not in ("1", "true", "yes"):
+        return
+    import torch.optim.adam as adam_module
+    import torch.optim.adamw as adamw_module
+
+    from .hpex.optimizers._markstep import markstep_step
+
+    classes = adam_module.Adam, adamw_module.AdamW
+    steps = [vars(cls).get("step") for cls in classes]  # AdamW may inherit Adam's step: then it has none
+    replaced = []
+    for cls in classes:
+        cls.step = markstep_step(steps[0] if cls is classes[0] or steps[1] is None else steps[1])
+        replaced.append(type(cls.__name__, (cls,), {"__module__": "habana_frameworks.torch.hpex.optimizers"}))
+    adam_module.Adam, adamw_module.AdamW = replaced
+    _hf.record("replace_adam_adamw")
+
+    def _restore():
+        adam_module.Adam, adamw_module.AdamW = classes
+        for cls, step in zip(classes, steps, strict=True):
+            if step is None:
+                del cls.step
+            else:
+                cls.step = step
+
+    _hf.on_unload(_restore)
+
+
+_overwrite_torch_optimizers()
 
 __all__ = ["core", "distributed", "hpu"]
