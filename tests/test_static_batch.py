@@ -9,6 +9,7 @@ import logging
 
 import pytest
 import torch
+from conftest import ON_DEVICE
 from tiny import NO_DROPOUT, gpt2_config
 from torch import nn
 from transformers import GPT2ForSequenceClassification, GPT2LMHeadModel
@@ -295,18 +296,25 @@ def test_the_check_leaves_the_gaudis_generator_as_it_found_it(bridge, tmp_path):
     """Dropout on a Gaudi draws from the device's generator: the check's extra forwards must not move it."""
     import habana_frameworks.torch.hpu.random as hpu_random
 
+    if ON_DEVICE:  # a real dropout mask on an hpu tensor, drawn by the device's generator
+
+        def draw():
+            nn.functional.dropout(torch.ones(16, device="hpu"), 0.5)
+    else:
+        draw = hpu_random.draw  # the simulator's stand-in for a draw on the device
+
     class DrawsOnTheDevice(nn.Module):
         def __init__(self):
             super().__init__()
             self.linear = nn.Linear(3, 1)
 
         def forward(self, x):
-            hpu_random.draw()  # as a dropout mask drawn on the device
+            draw()
             return {"prediction": self.linear(x).squeeze(-1)}
 
     net, x = DrawsOnTheDevice(), torch.randn(2, 3)
     hpu_random.manual_seed(7)
-    hpu_random.draw()  # what one forward draws, alone
+    draw()  # what one forward draws, alone
     expected = hpu_random.get_rng_state()
     hpu_random.manual_seed(7)
     static = StaticRows(label_names=["labels"], labels_into_forward=True, rng_snapshot=HPUDevice().rng_snapshot)
