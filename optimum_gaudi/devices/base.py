@@ -241,6 +241,22 @@ def unaliased_outputs(outputs: Any) -> Any:
     return tree_map_only(torch.Tensor, torch.clone, outputs)
 
 
+_PLAIN = (torch.Tensor, type(None), bool, int, float, str, torch.dtype, torch.device, torch.Size)
+
+
+def replayable(inputs: Any) -> bool:
+    """Whether a graph captured with these inputs can be replayed for another call with them: tensors and plain
+    values only (in dicts, lists and tuples). A replay runs the captured device ops without the forward's
+    Python, so decisions the forward took from a stateful object's state at capture would be replayed as they
+    were: a generation cache (transformers' encoder-decoder cache computes the cross-attention once and then
+    flags it done; its static layers advance a position tensor), whatever the model."""
+    if isinstance(inputs, dict):
+        return all(replayable(value) for value in inputs.values())
+    if isinstance(inputs, (list, tuple)):
+        return all(replayable(value) for value in inputs)
+    return isinstance(inputs, _PLAIN)
+
+
 def private_inputs(inputs: Any) -> Any:
     """``inputs`` with a fresh copy of each tensor a replay would write into: those in dicts, lists and tuples,
     the structures the bridge's ``copy_to`` walks (``hpu/graphs.py``); anything else (a generation cache) is

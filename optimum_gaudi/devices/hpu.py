@@ -30,7 +30,7 @@ from ..configuration.op_lists import (
     HABANA_DEFAULT_FP32_OPS,
     op_list_environment,
 )
-from .base import GB, Device, Fp8Plan, private_inputs, unaliased_outputs
+from .base import GB, Device, Fp8Plan, private_inputs, replayable, unaliased_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -338,7 +338,9 @@ class HPUDevice(Device):
         """wrap_in_hpu_graph keeps the tensors its capture call was given and copies every replay's inputs into
         them, and returns the same output tensors at every replay (``hpu/graphs.py``). The evaluation loop keeps
         each batch's labels and inputs (for compute_metrics) and predictions by reference, so the graph gets
-        private copies of its inputs, and its outputs are cloned without grad."""
+        private copies of its inputs, and its outputs are cloned without grad. A forward given a stateful object
+        (generate's decoding steps, with their cache) runs without the graph (``bypass_hpu_graphs``): see
+        :func:`replayable`."""
         hthpu = self._graphs_or_warn("wrap_in_hpu_graph")
         if hthpu is None:
             return model
@@ -354,6 +356,8 @@ class HPUDevice(Device):
         @functools.wraps(graphed)  # keeps the signature the Trainer reads to select input columns
         def forward(*args: Any, **kwargs: Any) -> Any:
             cache_tensors = kwargs.pop("cache_tensors_list", None)  # the bridge writes into these: keep them
+            if not replayable((args, kwargs)):
+                return graphed(*args, bypass_hpu_graphs=True, **kwargs)  # the bridge runs the plain forward
             args, kwargs = private_inputs((args, kwargs))
             if cache_tensors is not None:
                 kwargs["cache_tensors_list"] = cache_tensors

@@ -7,9 +7,11 @@ Follows ``hpu/graphs.py``:
   ``module.training``, not grad mode); a replay copies the inputs with ``copy_to``'s type and key checks. The
   first call with a new key captures: it runs the forward and returns its outputs. Every later call with
   that key replays: it copies the new inputs into the tensors given at capture and returns the outputs of
-  the capture, refreshed in place. Here a replay re-runs the forward without autograd and copies the
-  results into those static output tensors, which carry no autograd history: nothing flows back through a
-  replay. Past ``max_graphs`` keys (default: no limit) new keys run the plain forward. With
+  the capture, refreshed in place. The capture records the tensor ops the forward ran (a dispatch mode);
+  a replay runs those ops again without autograd on the capture's tensors, each result written where the
+  capture's was, and runs no Python of the forward: decisions it took from values at capture (a branch on
+  ``.item()``, a Python object's state, a length) are replayed as they were then, as on the device. The
+  static outputs carry no autograd history: nothing flows back through a replay. Past ``max_graphs`` keys (default: no limit) new keys run the plain forward. With
   ``disable_tensor_cache=True`` the bridge copies only into the capture inputs the graph did not match as
   user inputs (``get_user_input_match_indices``, decided in C++); here into all of them, the worst case. An
   exported PT_HPUGRAPH_DISABLE_TENSOR_CACHE decides instead of the argument ("1" on, anything else off), in
@@ -41,6 +43,8 @@ import functools
 import inspect
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import habana_frameworks as _hf
 
@@ -225,10 +229,40 @@ def _capture_backward(outputs, inputs, allow_unused):
         torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph=True, allow_unused=False)
 
 
+class _OpRecording(TorchDispatchMode):
+    """What ``HPUGraph.capture_begin`` / ``capture_end`` keep of a forward: the tensor ops it ran, each with its
+    arguments and outputs at their addresses (static buffers), and none of the Python that decided them."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.ops.append((func, args, kwargs, out))
+        return out
+
+    def replay(self):
+        """``HPUGraph.replay``: the recorded ops again, on the capture's tensors (the graph inputs hold the new
+        batch by then), each result landing where the capture's was. Values a Python branch, a shape or a
+        ``.item()`` took at capture stay as they were; a result of another shape than at capture fails."""
+        for func, args, kwargs, out in self.ops:
+            result = func(*args, **kwargs)
+            for static, fresh in zip(_flat_tensors(out), _flat_tensors(result), strict=True):
+                if static.untyped_storage().data_ptr() != fresh.untyped_storage().data_ptr():  # not a view/in-place
+                    static.copy_(fresh)
+
+
+def _flat_tensors(value):
+    return [x for x in tree_flatten(value)[0] if isinstance(x, torch.Tensor)]
+
+
 class _Captured:
-    def __init__(self, inputs, outputs):
+    def __init__(self, inputs, outputs, recording):
         self.inputs = inputs  # the caller's tensors of the capture call: replays copy new inputs into them
         self.outputs = _detached(outputs)
+        self.recording = recording
 
 
 def _copy_into(dst, src):
@@ -268,6 +302,7 @@ def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dr
     def forward(*args, **kwargs):
         warmup_mode = kwargs.pop("warmup_mode", False)
         if kwargs.pop("bypass_hpu_graphs", False):
+            _hf.record("hpu.wrap_in_hpu_graph.forward", mode="bypass", training=module.training, graphs=len(cache))
             return orig_forward(*args, **kwargs)
         key = _input_key((args, kwargs))
         kwargs.pop("cache_tensors_list", None)
@@ -278,8 +313,9 @@ def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dr
                     "hpu.wrap_in_hpu_graph.forward", mode="uncached", training=module.training, graphs=len(cache)
                 )
                 return orig_forward(*args, **kwargs)
-            outputs = orig_forward(*args, **kwargs)
-            cache[key] = _Captured((args, kwargs), outputs)
+            with _OpRecording() as recording:
+                outputs = orig_forward(*args, **kwargs)
+            cache[key] = _Captured((args, kwargs), outputs, recording)
             _hf.record("hpu.wrap_in_hpu_graph.forward", mode="capture", training=module.training, graphs=len(cache))
             return outputs
         _hf.record("hpu.wrap_in_hpu_graph.forward", mode="replay", training=module.training, graphs=len(cache))
@@ -287,8 +323,7 @@ def wrap_in_hpu_graph(module, asynchronous=False, disable_tensor_cache=False, dr
             return captured.outputs
         with torch.no_grad():
             _copy_into(captured.inputs, (args, kwargs))
-            cargs, ckwargs = captured.inputs
-            _copy_into(captured.outputs, orig_forward(*cargs, **ckwargs))
+            captured.recording.replay()
         return captured.outputs
 
     module.forward = forward
