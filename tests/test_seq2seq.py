@@ -150,7 +150,12 @@ def test_hpu_generation_uses_graphs_and_static_shapes_on_the_simulator(name, bri
     padded to a bucket, the decoder cache is static; and the generated tokens equal the eager CPU ones (issue
     20, defect 10: replayed, T5's second decoding step recomputed the cross-attention into a full cache)."""
     _, _, _, cpu_pred = run(
-        GaudiSeq2SeqTrainer, GaudiSeq2SeqTrainingArguments, MODELS[name], tmp_path / "cpu", max_steps=2, use_cpu=True,
+        GaudiSeq2SeqTrainer,
+        GaudiSeq2SeqTrainingArguments,
+        MODELS[name],
+        tmp_path / "cpu",
+        max_steps=2,
+        use_cpu=True,
         use_lazy_mode=True,
     )  # fmt: skip  (use_cpu: on CPU; lazy mode, a no-op there, exports PT_HPU_LAZY_MODE=1 before accelerate,
     # which imports the bridge whenever it can, loads it eager for the lazy run below)
