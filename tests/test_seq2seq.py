@@ -171,6 +171,7 @@ def test_hpu_generation_uses_graphs_and_static_shapes_on_the_simulator(name, bri
         GaudiSeq2SeqTrainer, GaudiSeq2SeqTrainingArguments, MODELS[name], tmp_path / "hpu", max_steps=2,
         use_habana=True, use_lazy_mode=True, use_hpu_graphs_for_inference=True,
     )  # fmt: skip
+    assert (hpu_pred.predictions == cpu_pred.predictions).all()
     assert isinstance(trainer.gaudi_device, HPUDevice)
     assert len(bridge().calls_named("hpu.wrap_in_hpu_graph")) == 1  # wrapped once, for evaluate and predict
     graph_forwards = bridge().calls_named("hpu.wrap_in_hpu_graph.forward")
@@ -179,7 +180,6 @@ def test_hpu_generation_uses_graphs_and_static_shapes_on_the_simulator(name, bri
     bypassed = [c for c in graph_forwards if c.kwargs["mode"] == "bypass"]
     assert len(bypassed) >= len(seen) and {c.kwargs["mode"] for c in graph_forwards} >= {"capture", "replay"}
     assert seen and all(shape[1] % STATIC_INPUT_MULTIPLE == 0 and cache == "static" for shape, cache in seen)
-    assert (hpu_pred.predictions == cpu_pred.predictions).all()
 
 
 def test_generation_config_argument_sets_the_models(tmp_path):
