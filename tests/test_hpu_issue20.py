@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_seq2seq import PadCollator, tiny_t5
+from test_seq2seq import PadCollator, tiny_decoder_only, tiny_t5
 from transformers import GPT2Config, GPT2ForSequenceClassification
 
 from optimum_gaudi import GaudiSeq2SeqTrainer, GaudiSeq2SeqTrainingArguments, GaudiTrainer, GaudiTrainingArguments
@@ -271,6 +271,32 @@ def test_the_launcher_checks_no_op_name_and_imports_no_torch(bridge):
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "False"
+
+
+# ---- 10. generation under an inference graph: decoding steps are not replayed ----------------------------------
+
+
+@pytest.mark.parametrize("make_model", [tiny_t5, tiny_decoder_only], ids=["t5", "llama"])
+def test_decoding_under_an_inference_graph_scores_as_without_it(make_model, bridge, tmp_path):
+    """A replay runs the device ops of its capture and none of the forward's Python. T5's first decoding step
+    (its decoder input has the shape of every later one) fills the static cross-attention cache and flags it
+    done, in Python; replayed for the second step, it filled the cache again (on CPU tensors past its end)."""
+    args = hpu_args(tmp_path, use_lazy_mode=True)  # loads the bridge in lazy mode, where graphs exist
+    device = args.gaudi_device
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(4, 40, (2, 6), generator=g).to(args.device) for _ in range(2)]
+
+    def scores(model):
+        model.to(args.device).eval()
+        generate = dict(max_new_tokens=4, do_sample=False, cache_implementation="static", output_scores=True)
+        return [
+            torch.stack(model.generate(input_ids=ids, return_dict_in_generate=True, **generate).scores).cpu()
+            for ids in batches
+        ]
+
+    reference = scores(make_model())
+    graphed = scores(device.wrap_for_inference(make_model(), disable_tensor_cache=False))
+    assert all(torch.equal(a, b) for a, b in zip(graphed, reference, strict=True))
 
 
 # ---- 11. FusedAdamW counts steps per param group, torch's AdamW per parameter ---------------------------------
