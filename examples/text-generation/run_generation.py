@@ -1,10 +1,13 @@
 #!/usr/bin/env python
 """Batched text generation with a causal LM, timed: tokens/s and per-token latency after warm-up.
 
-The flags are optimum-habana's run_generation.py ones. On a Gaudi, --use_hpu_graphs replays the model's
-forward as HPU Graphs; shapes are then kept static so one graph serves every step: prompts are left-padded
-to a multiple of --bucket_size (masked, so the output does not change) and the key/value cache has a fixed
-size. With no model named it generates with the model `make demo` saved (outputs/demo).
+The flags are optimum-habana's run_generation.py ones. On a Gaudi in lazy mode shapes are kept static, so
+each shape compiles once: prompts are left-padded to a multiple of --bucket_size (masked, so the output does
+not change) and the key/value cache has a fixed size. --use_hpu_graphs wraps the forward in HPU Graphs, but
+a decoding step given the key/value cache runs without them: a replay repeats the device ops of its capture,
+not the Python that keeps the cache object's state (T5's first step computes the cross-attention and marks
+it done), so stock transformers models are not replayed there. With no model named it generates with the
+model `make demo` saved (outputs/demo).
 
     python examples/text-generation/run_generation.py --batch_size 8 --max_new_tokens 64 \
         --use_habana --use_lazy_mode --use_hpu_graphs --bf16 --num_beams 1
@@ -63,7 +66,10 @@ class GenerationArguments:
     bf16: bool = field(default=False, metadata={"help": "Load the weights in bfloat16."})
     use_habana: bool = field(default=False, metadata={"help": "Run on a Gaudi (falls back where there is none)."})
     use_lazy_mode: bool = field(default=False, metadata={"help": "HPU lazy mode (needed for HPU Graphs)."})
-    use_hpu_graphs: bool = field(default=False, metadata={"help": "Replay the forward as HPU Graphs (static shapes)."})
+    use_hpu_graphs: bool = field(
+        default=False,
+        metadata={"help": "Wrap the forward in HPU Graphs (decoding steps given the key/value cache run without)."},
+    )
     bucket_size: int = field(
         default=16, metadata={"help": "With static shapes, prompts are padded to a multiple of this many tokens."}
     )
@@ -163,6 +169,11 @@ def run(args: GenerationArguments) -> dict[str, Any]:
     model, tokenizer = load(args, device_args.device)
     if args.use_hpu_graphs:
         model = gaudi_device.wrap_for_inference(model, disable_tensor_cache=False)
+        if args.use_kv_cache:
+            logger.warning(
+                "--use_hpu_graphs: decoding steps are given the key/value cache, a Python object a graph replay "
+                "would not update, so they run without the graphs (static shapes still compile each shape once)."
+            )
     pool = args.prompt or list(DEFAULT_PROMPTS)
     prompts = [pool[i % len(pool)] for i in range(args.batch_size)]
     batch = {k: v.to(device_args.device) for k, v in encode(tokenizer, prompts, args).items()}

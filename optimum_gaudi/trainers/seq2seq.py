@@ -5,6 +5,8 @@ only place HPU Graphs run too), evaluation keeps generation's shapes fixed: the 
 multiple of ``STATIC_INPUT_MULTIPLE`` (masked, so the outputs do not change; on the right of an encoder's
 inputs, on the left of a decoder-only model's prompt, whose continuation starts at its right end, and cut
 off the generated tokens again) and the decoder uses a fixed-size key/value cache. Elsewhere nothing changes.
+With ``--use_hpu_graphs_for_inference`` the loss forward replays as a graph; decoding steps, given the cache,
+run without (``Device.wrap_for_inference``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class GaudiSeq2SeqTrainingArguments(GaudiTrainingArgumentsMixin, Seq2SeqTraining
 
 class GaudiSeq2SeqTrainer(GaudiTrainerMixin, Seq2SeqTrainer):
     """Seq2SeqTrainer with the Gaudi features; on HPU, generation during evaluation keeps static shapes in
-    lazy mode and runs through the HPU Graphs that ``--use_hpu_graphs_for_inference`` wraps the model in."""
+    lazy mode."""
 
     gaudi_args_class = GaudiSeq2SeqTrainingArguments
 
