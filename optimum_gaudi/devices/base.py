@@ -241,7 +241,7 @@ def unaliased_outputs(outputs: Any) -> Any:
     return tree_map_only(torch.Tensor, torch.clone, outputs)
 
 
-_PLAIN = (torch.Tensor, type(None), bool, int, float, str, torch.dtype, torch.device, torch.Size)
+_PLAIN = (torch.Tensor, type(None), bool, int, float, str, torch.dtype, torch.device)
 
 
 def replayable(inputs: Any) -> bool:
