@@ -142,7 +142,7 @@ def test_every_bundled_config_runs_on_the_simulated_device():
 # `cpu` skip there.
 ON_DEVICE_TOO = [
     "test_hpu_issue20.py", "test_static_batch.py", "test_seq2seq.py", "test_hpu_user_settings.py",
-    "test_graphs.py", "test_llm_kernels.py", "test_hpu_strict.py",
+    "test_graphs.py", "test_llm_kernels.py",
 ]  # fmt: skip
 
 
