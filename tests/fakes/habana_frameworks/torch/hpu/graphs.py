@@ -11,7 +11,8 @@ Follows ``hpu/graphs.py``:
   a replay runs those ops again without autograd on the capture's tensors, each result written where the
   capture's was, and runs no Python of the forward: decisions it took from values at capture (a branch on
   ``.item()``, a Python object's state, a length) are replayed as they were then, as on the device. The
-  static outputs carry no autograd history: nothing flows back through a replay. Past ``max_graphs`` keys (default: no limit) new keys run the plain forward. With
+  static outputs carry no autograd history: nothing flows back through a replay. Past ``max_graphs`` keys
+  (default: no limit) new keys run the plain forward. With
   ``disable_tensor_cache=True`` the bridge copies only into the capture inputs the graph did not match as
   user inputs (``get_user_input_match_indices``, decided in C++); here into all of them, the worst case. An
   exported PT_HPUGRAPH_DISABLE_TENSOR_CACHE decides instead of the argument ("1" on, anything else off), in
