@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAKES, GAUDI_SOFTWARE
+from conftest import FAKES, GAUDI_SOFTWARE, ON_DEVICE
 
 from optimum_gaudi import GaudiConfig
 from optimum_gaudi.configuration.gaudi_config import bundled_configs_dir
@@ -116,9 +116,6 @@ def load_run_clm():
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
-
-
-ON_DEVICE = os.environ.get("FAKE_HPU_DEVICE") == "1"
 
 
 def pytest_on_device(*tests: str) -> subprocess.CompletedProcess:

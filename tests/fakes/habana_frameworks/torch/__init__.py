@@ -81,8 +81,8 @@ def _overwrite_torch_optimizers() -> None:
     classes = adam_module.Adam, adamw_module.AdamW
     steps = [vars(cls).get("step") for cls in classes]  # AdamW may inherit Adam's step: then it has none
     replaced = []
-    for cls in classes:
-        cls.step = markstep_step(steps[0] if cls is classes[0] or steps[1] is None else steps[1])
+    for cls, step in zip(classes, steps, strict=True):
+        cls.step = markstep_step(step or steps[0])
         replaced.append(type(cls.__name__, (cls,), {"__module__": "habana_frameworks.torch.hpex.optimizers"}))
     adam_module.Adam, adamw_module.AdamW = replaced
     _hf.record("replace_adam_adamw")
