@@ -515,3 +515,21 @@ def test_the_bridges_markstep_adam_swap_cuts_torch_adamw_per_group_and_changes_n
     trainer_marks = 2 * 2  # after backward and after the optimizer step, 2 steps
     assert bridge().names().count("core.mark_step") - marks_before == trainer_marks + 2 * 2 * groups
     assert losses == reference and all(torch.equal(a, b) for a, b in zip(weights, reference_weights, strict=True))
+
+
+# ---- each fix matters: tests/scripts/without_the_fixes.py -------------------------------------------------------
+
+
+def test_each_fix_the_undo_script_takes_out_is_still_where_it_names_it():
+    """The script undoes each fix of this issue and runs its test, which must then fail (by hand: it edits the work
+    tree, and takes a few minutes). Here only that each fix's text and each test it names are still there."""
+    import runpy
+
+    script = runpy.run_path(str(Path(__file__).parent / "scripts" / "without_the_fixes.py"))
+    assert {undo.point for undo in script["UNDOS"]} >= {str(point) for point in range(1, 12)}
+    for undo in script["UNDOS"]:
+        for file, fixed, _ in undo.edits:
+            assert (script["REPO"] / file).read_text().count(fixed) == 1, (undo.label, file)
+        for test in undo.tests:
+            file, _, name = test.partition("::")
+            assert not name or f"def {name}(" in (script["TESTS"] / file).read_text(), (undo.label, test)

@@ -1,0 +1,174 @@
+"""Each fix of issue 20 matters: its test fails without it. For each fix the script undoes it with a small edit of
+the package, runs the test written for it (in a pytest process on the simulated hpu device where the test is of
+the HPU path), expects a failure, and puts the file back.
+
+    python tests/scripts/without_the_fixes.py [LABEL ...]     # on a clean work tree; about three minutes
+
+The edits are made in the work tree itself: several of the tests start Python processes, which import the
+installed (editable) package, not a copy. Each file is written back when its run ends; a run killed in between
+leaves its edit, which `git checkout -- optimum_gaudi setup.py` takes back.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TESTS = REPO / "tests"
+I20, STATIC, LAUNCH = "test_hpu_issue20.py", "test_static_batch.py", "test_launch.py"
+USER_SETTINGS = "test_hpu_user_settings.py"
+
+
+@dataclass(frozen=True)
+class Undo:
+    label: str
+    point: str  # the issue's point
+    edits: tuple[tuple[str, str, str], ...]  # (file, text of the fix, text without it)
+    tests: tuple[str, ...]
+    device: bool = True  # run in a pytest process on the simulated hpu device
+
+
+UNDOS = (
+    Undo("private-inputs", "1", (("optimum_gaudi/devices/hpu.py", "args, kwargs = private_inputs((args, kwargs))", "pass"),),
+         (f"{I20}::test_evaluation_metrics_with_inference_graphs_equal_those_without",
+          f"{I20}::test_seq2seq_labels_with_inference_graphs_equal_those_without")),
+    Undo("graphs-bf16", "2", (("optimum_gaudi/devices/hpu.py", "training_graph_forward_bound_elsewhere = True",
+                               "training_graph_forward_bound_elsewhere = False"),),
+         (f"{I20}::test_bf16_with_training_graphs_trains_under_hpu_autocast",
+          f"{I20}::test_bf16_with_training_graphs_and_fast_ddp_runs_the_graph_under_hpu_autocast")),
+    Undo("launch-lazy", "3", (("optimum_gaudi/configuration/launch_env.py", "    exported = environ.get(LAZY_MODE_ENV)\n",
+                               '    exported = None\n    env[LAZY_MODE_ENV] = "1" if lazy else "0"\n'),),
+         (f"{I20}::test_launch_environment_leaves_lazy_mode_to_the_user",
+          f"{I20}::test_launch_refuses_an_exported_lazy_mode_the_arguments_contradict",
+          f"{I20}::test_launch_lets_the_script_set_lazy_mode_in_code_on_gaudi_software_1_19")),
+    Undo("deepspeed-env", "4", (("optimum_gaudi/distributed/launcher.py",
+                                 "env.update(deepspeed_env_file(plan, env, private))", "pass"),),
+         (f"{LAUNCH}::test_deepspeed_over_ssh_gets_the_bridge_environment_through_a_private_env_file",), device=False),
+    Undo("accelerate-1.5", "5", (("setup.py", '"accelerate>=1.5"', '"accelerate>=1.2"'),),
+         (f"{I20}::test_setup_requires_the_accelerate_release_transformers_needs_for_a_gaudi",)),
+    Undo("broken-bridge", "6", (("optimum_gaudi/devices/hpu.py", "        _hide_broken_bridge()\n        return False",
+                                 "        return False"),),
+         ("test_bridge_failure.py",), device=False),  # a bridge that cannot load: no device
+    Undo("masked-padding", "7", (("optimum_gaudi/features/static_batches.py",
+                                  "        return padded if self.masked else None", "        return None"),),
+         (f"{STATIC}::test_a_masked_short_batch_runs_the_full_batches_graph",)),
+    Undo("rows-interact", "8", (("optimum_gaudi/features/static_batches.py",
+                                 "            problem = self._rows_interact(run, inner, rows, size, args, kwargs)",
+                                 "            problem = None"),
+                                ("optimum_gaudi/features/static_batches.py",
+                                 "            and all(a.shape == b.shape and _agree(a, b) for a, b in zip(cut, alone, strict=True))\n",
+                                 "")),
+         (f"{STATIC}::test_models_whose_rows_interact_are_not_padded",)),
+    Undo("hpu-rng", "8", (("optimum_gaudi/devices/hpu.py", "            hpu_random.set_rng_state(state)", "            pass"),),
+         (f"{STATIC}::test_the_check_leaves_the_gaudis_generator_as_it_found_it",)),
+    Undo("op-names", "9", (("optimum_gaudi/configuration/op_lists.py",
+                            '    list_ops = getattr(torch._C, "_dispatch_get_all_op_names", None)',
+                            "    list_ops = lambda: ['aten::renorm']  # a fixed vocabulary without rms_norm"),),
+         (f"{I20}::test_op_names_of_the_running_torch_are_accepted_and_a_typo_is_not",)),
+    Undo("decoder-left-pad", "10", (("optimum_gaudi/trainers/seq2seq.py", 'side = "right" if encoder_decoder else "left"',
+                                     'side = "right"'),),
+         ("test_seq2seq.py::test_static_generation_of_a_decoder_only_model_pads_the_prompt_on_the_left",)),
+    Undo("decoding-bypass", "10", (("optimum_gaudi/devices/hpu.py", "            if not replayable((args, kwargs)):",
+                                    "            if False:"),),
+         (f"{I20}::test_decoding_under_an_inference_graph_scores_as_without_it",)),  # T5's steps; Llama's replay right
+    Undo("mpirun-per-node", "11", (("optimum_gaudi/distributed/launch_plan.py",
+                                    "name.startswith(_MPI_FORWARDED_PREFIXES) and name not in _PER_NODE]",
+                                    "name.startswith(_MPI_FORWARDED_PREFIXES)]"),),
+         (f"{LAUNCH}::test_mpirun_forwards_the_bridge_variables_to_the_other_nodes",), device=False),
+    Undo("mpirun-prefixes", "11", (("optimum_gaudi/distributed/launch_plan.py",
+                                    '"PT_HPU_", "HABANA_", "HCCL_", "FI_", "HF_", "OPTIMUM_GAUDI_", '
+                                    '"TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTHONPATH",',
+                                    '"PT_HPU_", "HABANA_", "HCCL_", "OPTIMUM_GAUDI_", "PYTHONPATH",'),),
+         (f"{LAUNCH}::test_mpirun_forwards_the_bridge_variables_to_the_other_nodes",), device=False),
+    Undo("group-rank", "11", (("optimum_gaudi/distributed/launch_plan.py",
+                               '    e["GROUP_RANK"] = str(int(e["RANK"]) // int(e["LOCAL_WORLD_SIZE"]))',
+                               '    e["GROUP_RANK"] = e["OMPI_COMM_WORLD_NODE_RANK"]'),),
+         (f"{LAUNCH}::test_mpi_worker_gives_each_rank_the_torch_variables",), device=False),
+    Undo("ddp-second-train", "11", (("optimum_gaudi/trainers/trainer.py",
+                                     "        if graphed is not model and graphed is not self.accelerator.unwrap_model("
+                                     "model, keep_torch_compile=False):",
+                                     "        if graphed is not model:"),),
+         (f"{I20}::test_a_second_train_under_ddp_takes_the_inference_graph_off_the_model",)),
+    Undo("adamw-state", "11", (("optimum_gaudi/trainers/trainer.py", "        if made_here:\n", "        if False:\n"),),
+         (f"{I20}::test_a_fused_adamw_checkpoint_resumes_on_torch_adamw_with_its_step_count_and_back",)),
+    Undo("exported-dynamic-shapes", "11", (("optimum_gaudi/devices/hpu.py",
+                                            "        if exported is not None and exported != os.environ.get("
+                                            "DYNAMIC_SHAPES_OURS_ENV):",
+                                            "        if False:"),),
+         (f"{USER_SETTINGS}::test_an_exported_dynamic_shapes_variable_is_not_overridden_by_the_config",)),
+    Undo("compile-mode", "11", (("optimum_gaudi/devices/hpu.py",
+                                 "        if args.torch_compile_mode is not None and args.torch_compile_backend in "
+                                 "(None, self.compile_backend):",
+                                 "        if False:"),),
+         (f"{USER_SETTINGS}::test_a_compile_mode_hpu_backend_ignores_is_said",)),
+    Undo("op-list-dir-owner", "11", (("optimum_gaudi/configuration/op_lists.py",
+                                      "    if path.is_symlink() or info.st_uid != os.getuid() or info.st_mode & 0o022:",
+                                      "    if False:"),),
+         ("test_configuration.py::test_op_list_files_live_in_a_directory_only_this_user_can_write",), device=False),
+    Undo("op-list-by-content", "11", (("optimum_gaudi/configuration/op_lists.py", "    if current != text:",
+                                       "    if current is None:"),),
+         ("test_configuration.py::test_op_list_files_live_in_a_directory_only_this_user_can_write",), device=False),
+    Undo("unused-parameters", "11", (("optimum_gaudi/trainers/trainer.py", "            parameter.grad = None  # as eager",
+                                      "            pass  # as eager"),),
+         (f"{I20}::test_a_parameter_the_forward_does_not_use_is_not_decayed_under_training_graphs",)),
+    Undo("tensor-cache-said", "simulator", (("optimum_gaudi/devices/hpu.py",
+                                             '        if exported is not None and (exported == "1") != disable_tensor_cache:',
+                                             "        if False:"),),
+         (f"{I20}::test_an_exported_tensor_cache_setting_wins_over_the_argument_and_is_said",)),
+    Undo("dynamic-shapes-backward", "simulator", (("optimum_gaudi/trainers/training_args.py",
+                                                   "problem = prepare_bridge(self.use_lazy_mode, op_lists, dynamic_shapes)",
+                                                   "problem = prepare_bridge(self.use_lazy_mode, op_lists, None)"),),
+         (f"{I20}::test_dynamic_shapes_reach_the_backwards_thread_in_lazy_mode",)),
+)  # fmt: skip
+
+
+def run(undo: Undo) -> str:
+    """The last line of the test run without the fix."""
+    originals = {path: (REPO / path).read_text() for path, _, _ in undo.edits}
+    texts = dict(originals)
+    for path, fixed, without in undo.edits:
+        if texts[path].count(fixed) != 1:
+            raise SystemExit(f"error: {undo.label}: the fix's text is not found once in {path}; update this script")
+        texts[path] = texts[path].replace(fixed, without)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "PYTHONPATH"))}
+    env["OMP_NUM_THREADS"] = "1"
+    if undo.device:
+        env.update(PYTHONPATH=str(TESTS / "fakes"), FAKE_HPU_DEVICE="1")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *undo.tests]
+    try:
+        for path, text in texts.items():
+            (REPO / path).write_text(text)
+        result = subprocess.run(command, cwd=TESTS, env=env, capture_output=True, text=True, timeout=900)
+    finally:
+        for path, text in originals.items():
+            (REPO / path).write_text(text)
+    lines = result.stdout.strip().splitlines()
+    return lines[-1] if lines else result.stderr.strip()[-200:]
+
+
+def main(labels: list[str]) -> int:
+    undos = [u for u in UNDOS if not labels or u.label in labels]
+    paths = sorted({path for u in undos for path, _, _ in u.edits})
+    if subprocess.run(["git", "diff", "--quiet", "--", *paths], cwd=REPO).returncode != 0:
+        print("error: the files this script edits have changes; commit or stash them first", file=sys.stderr)
+        return 2
+    kept = []
+    for undo in undos:
+        last = run(undo)
+        failed = " failed" in last or " error" in last
+        print(
+            f"{undo.label:<26} point {undo.point:<9} {'device' if undo.device else 'host  '}  without the fix: {last}"
+        )
+        if not failed:
+            kept.append(undo.label)
+    if kept:
+        print(f"these tests pass without their fix: {', '.join(kept)}", file=sys.stderr)
+    return 1 if kept else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
