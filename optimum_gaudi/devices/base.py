@@ -43,11 +43,13 @@ FP8_ATTENTION = "gaudi_fp8_attention"  # --flash_attention_fp8: the fp8 attentio
 class Fp8Plan:
     """How a device trains in fp8 (features/fp8.py): `convert` swaps the given linear layers of a model in
     place, keeping their weight and bias objects; `autocast`, where not None, is the context each training
-    forward runs in."""
+    forward runs in (and a checkpointed layer's recomputation in the backward, features/fp8.py)."""
 
     name: str
     convert: Callable[[torch.nn.Module, set[torch.nn.Linear]], None]
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None
+    # With activation checkpointing: what marks the function a checkpointed layer runs (forward, then recompute)
+    checkpointed: Callable[[Callable], Callable] | None = None
 
 
 class Device:

@@ -501,6 +501,7 @@ class HPUDevice(Device):
             "Intel Gaudi Transformer Engine te.Linear",
             convert,
             lambda: te.fp8_autocast(enabled=True, fp8_recipe=delayed),
+            lambda function: te.distributed.activation_checkpointing()(function),
         )
 
     def memory_info(self) -> tuple[int, int]:

@@ -55,6 +55,41 @@ def use_fp8(model: nn.Module, plan: Fp8Plan) -> None:
     logger.info("--fp8: %d linear layers compute in fp8 (%s).", len(layers), plan.name)
 
 
+def recompute_in_fp8(model: nn.Module, plan: Fp8Plan) -> int:
+    """Activation checkpointing under a device's fp8 context: each checkpointed layer's function enters that
+    context itself, so the recomputation in the backward (outside the training forward's context) runs in fp8
+    as the first forward did, marked as checkpointed where the device asks (Transformer Engine then recomputes
+    with the forward's scales). Returns how many layers were wrapped (each once)."""
+    if plan.autocast is None:
+        return 0  # torchao: the recomputation is the same fp8 computation, with nothing to enter
+    wrapped = 0
+    for module in model.modules():
+        checkpoint = getattr(module, "_gradient_checkpointing_func", None)
+        if checkpoint is None or getattr(checkpoint, "_gaudi_fp8", False):
+            continue
+        module._gradient_checkpointing_func = _InFp8(checkpoint, plan)
+        wrapped += 1
+    return wrapped
+
+
+class _InFp8:
+    """``checkpoint(function, *args)`` with ``function`` run in the fp8 context, forward and recomputation."""
+
+    _gaudi_fp8 = True
+
+    def __init__(self, checkpoint: Callable, plan: Fp8Plan) -> None:
+        self.checkpoint, self.plan = checkpoint, plan
+
+    def __call__(self, function: Callable, *args, **kwargs):
+        def in_fp8(*inner_args, **inner_kwargs):
+            with self.plan.autocast():
+                return function(*inner_args, **inner_kwargs)
+
+        if self.plan.checkpointed is not None:
+            in_fp8 = self.plan.checkpointed(in_fp8)
+        return self.checkpoint(in_fp8, *args, **kwargs)
+
+
 def without_fp8_state(state_dict: dict) -> dict:
     """The weights without Transformer Engine's scaling state: what plain transformers and vLLM expect in a
     saved model (the scaling history rebuilds itself in the first steps after a resume)."""

@@ -42,6 +42,7 @@ from ..features.compilation import CompilationLog, CompileOptions, compile_regio
 from ..features.fp8 import (
     attach_fp8_attention,
     load_scaling_state,
+    recompute_in_fp8,
     save_scaling_state,
     saved_state_dict,
     use_fp8,
@@ -339,6 +340,7 @@ class GaudiTrainerMixin(TrainerShims):
         )
         if self._fp8 is not None:
             use_fp8(model, self._fp8)
+            recompute_in_fp8(model, self._fp8)  # layers checkpointed since (gradient checkpointing) too
             build = device.fp8_attention_builder(args.flash_attention_recompute) if args.flash_attention_fp8 else None
             if build is not None:
                 attach_fp8_attention(model, build)

@@ -37,7 +37,7 @@ import habana_frameworks as _hf
 import torch
 import torch.nn.functional as F
 
-from . import recipe
+from . import distributed, recipe
 
 if os.environ.get("FAKE_HPU_NO_TE") == "1":
     raise ModuleNotFoundError("No module named 'intel_transformer_engine'", name="intel_transformer_engine")
@@ -104,11 +104,18 @@ class _Fp8Matmul(torch.autograd.Function):
         r = module.fp8_meta["recipe"]
         fwd = r.fp8_format.forward_dtype()
         meta = module.fp8_meta["scaling_fwd"]
-        q_inp = _quantize(inp, fwd, meta.scale(0, fwd, r.amax_compute_algo))
-        q_w = _quantize(weight.to(inp.dtype), fwd, meta.scale(1, fwd, r.amax_compute_algo))
-        meta.record(0, float(inp.detach().abs().max()))
-        meta.record(1, float(weight.detach().abs().max()))
-        meta.steps += 1
+        phase = distributed._phase
+        if phase["recompute"]:  # a checkpointed layer recomputed: the forward's scales, the history untouched
+            scale_inp, scale_w = phase["saved"][id(module)]
+        else:
+            scale_inp, scale_w = meta.scale(0, fwd, r.amax_compute_algo), meta.scale(1, fwd, r.amax_compute_algo)
+            if phase["saved"] is not None:
+                phase["saved"][id(module)] = (scale_inp, scale_w)
+            meta.record(0, float(inp.detach().abs().max()))
+            meta.record(1, float(weight.detach().abs().max()))
+            meta.steps += 1
+        q_inp = _quantize(inp, fwd, scale_inp)
+        q_w = _quantize(weight.to(inp.dtype), fwd, scale_w)
         ctx.save_for_backward(q_inp, q_w)
         ctx.module, ctx.has_bias, ctx.dtypes = module, bias is not None, (inp.dtype, weight.dtype)
         return F.linear(q_inp, q_w, None if bias is None else bias.to(inp.dtype))
