@@ -76,7 +76,7 @@ def bridge(monkeypatch, gaudi_software):
     Importing the simulator changes the environment as the bridge does (MASTER_ADDR, ...): the whole
     environment is restored afterwards."""
     saved = dict(os.environ)
-    for var in [v for v in os.environ if v.startswith(("PT_HPU", "HLS_MODULE_ID"))]:
+    for var in [v for v in os.environ if v.startswith(("PT_HPU", "PT_TE_", "HLS_MODULE_ID"))]:
         monkeypatch.delenv(var)
     monkeypatch.delenv("OPTIMUM_GAUDI_REQUIRE_HPU", raising=False)
     monkeypatch.syspath_prepend(FAKES)

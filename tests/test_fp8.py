@@ -201,3 +201,120 @@ def test_flash_attention_fp8_changes_nothing_on_cpu(tmp_path, torchao):
     _, fp8 = trained(tmp_path / "a", fp8=True, **ATTENTION)
     _, both = trained(tmp_path / "b", fp8=True, flash_attention_fp8=True, **ATTENTION)
     assert both == fp8
+
+
+# ---- fp8 as a Gaudi runs it: optimum-habana's recipe, custom ops decided before import, fp8 attention modules ----
+
+
+def gaudi_args(tmp_path, steps: int = 2, **flags) -> GaudiTrainingArguments:
+    defaults = dict(
+        output_dir=str(tmp_path), max_steps=steps, logging_steps=1, per_device_train_batch_size=4, learning_rate=3e-3,
+        report_to=[], save_strategy="no", seed=0, disable_tqdm=True, bf16=True, use_habana=True, fp8=True,
+    )  # fmt: skip
+    return GaudiTrainingArguments(**{**defaults, **flags})
+
+
+def autocast_recipes(gaudi) -> list[dict]:
+    keys = ("margin", "interval", "fp8_format", "amax_history_len", "amax_compute_algo", "reduce_amax")
+    return [{k: c.kwargs[k] for k in keys} for c in gaudi().calls_named("te.fp8_autocast")]
+
+
+def test_fp8_on_gaudi_trains_with_optimum_habanas_recipe_unless_given_one(tmp_path, gaudi):
+    GaudiTrainer(model=llama(), args=gaudi_args(tmp_path / "a"), train_dataset=data(8)).train()
+    habana = dict(margin=0, interval=16, fp8_format="HYBRID", amax_history_len=1, amax_compute_algo="most_recent",
+                  reduce_amax=False)  # fmt: skip
+    assert autocast_recipes(gaudi) and all(r == habana for r in autocast_recipes(gaudi))
+    gaudi().reset()
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text('{"amax_history_len": 16, "amax_compute_algo": "max", "fp8_format": "e5m2"}')
+    GaudiTrainer(model=llama(), args=gaudi_args(tmp_path / "b", fp8_recipe=str(recipe)), train_dataset=data(8)).train()
+    given = {**habana, "amax_history_len": 16, "amax_compute_algo": "max", "fp8_format": "E5M2"}
+    assert autocast_recipes(gaudi) and all(r == given for r in autocast_recipes(gaudi))
+
+
+@pytest.mark.parametrize(
+    "recipe, message",
+    [
+        (
+            '{"amax_history": 4}',
+            "--fp8_recipe: unknown key(s) amax_history; the keys are margin, interval, fp8_format, "
+            "amax_history_len, amax_compute_algo, reduce_amax.",
+        ),  # fmt: skip
+        ('{"fp8_format": "E4M3"}', "--fp8_recipe: fp8_format must be one of HYBRID, E5M2, got 'E4M3'."),
+        ('{"interval": 0}', "--fp8_recipe: interval must be an integer >= 1, got 0."),
+        (
+            "{interval: 1}",
+            "--fp8_recipe is not valid JSON (Expecting property name enclosed in double quotes at line 1, column 2).",
+        ),  # fmt: skip
+        ("missing.json", "--fp8_recipe missing.json: no such file; pass JSON text or a JSON file of recipe keys."),
+    ],
+)
+def test_a_bad_fp8_recipe_is_one_line_on_any_device(tmp_path, monkeypatch, recipe, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(GaudiArgumentError) as error:  # no --fp8 needed: the mistake is caught wherever it is made
+        GaudiTrainingArguments(output_dir=str(tmp_path), fp8_recipe=recipe, report_to=[])
+    assert str(error.value) == message
+
+
+@pytest.mark.skipif(not has_torchao, reason="needs the [fp8] extra (torchao)")
+def test_an_fp8_recipe_is_said_to_be_ignored_by_torchao(torchao, caplog):
+    from optimum_gaudi.devices.cpu import CPUDevice
+
+    CPUDevice().fp8_plan(False, False, {"interval": 4})
+    assert "--fp8_recipe sets a Gaudi's delayed scaling; torchao scales dynamically here: ignored." in caplog.text
+
+
+def test_compiled_fp8_loads_the_transformer_engine_with_its_custom_ops(tmp_path, gaudi):
+    gaudi_args(tmp_path, torch_compile=True)  # the arguments' check is the first import of the Transformer Engine
+    assert sys.modules["intel_transformer_engine"].CUSTOM_OP and os.environ["PT_TE_CUSTOM_OP"] == "1"
+
+
+def test_a_users_custom_op_setting_is_kept_and_eager_fp8_sets_none(tmp_path, gaudi, monkeypatch):
+    gaudi_args(tmp_path)
+    assert "PT_TE_CUSTOM_OP" not in os.environ and not sys.modules["intel_transformer_engine"].CUSTOM_OP
+    del sys.modules["intel_transformer_engine"]
+    monkeypatch.setenv("PT_TE_CUSTOM_OP", "0")
+    gaudi_args(tmp_path, torch_compile=True)
+    assert os.environ["PT_TE_CUSTOM_OP"] == "0"
+
+
+def test_fp8_attention_is_a_module_of_each_layer_with_the_models_dropout(tmp_path, gaudi, monkeypatch):
+    """Built from the model's attention dropout, not from the first call's: an evaluation first (dropout 0 there)
+    must not leave training without dropout."""
+    monkeypatch.setenv("FAKE_HPU_DEVICE_NAME", "GAUDI3")
+    model = llama()
+    model.config.attention_dropout = 0.25
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.25
+    args = gaudi_args(tmp_path, flash_attention_fp8=True, **ATTENTION)
+    trainer = GaudiTrainer(model=model, args=args, train_dataset=data(8), eval_dataset=data(4))
+    trainer.evaluate()
+    trainer.train()
+    te = sys.modules["intel_transformer_engine"]
+    attentions = [layer.self_attn.get_submodule("gaudi_fp8_attention") for layer in model.model.layers]
+    assert all(isinstance(a, te.FusedAttention) and a.attention_dropout == 0.25 for a in attentions)
+    dropouts = [c.kwargs["dropout"] for c in gaudi().calls_named("te.FusedAttention.dropout")]
+    assert dropouts[:2] == [0.0, 0.0] and set(dropouts[2:]) == {0.25}  # evaluation, then every training step
+    assert any(k.endswith("gaudi_fp8_attention._extra_state") for k in model.state_dict())
+
+
+def test_fp8_scaling_state_is_resumed_exactly(tmp_path, gaudi, monkeypatch):
+    """The Transformer Engine's amax history travels in the checkpoint (not in the saved weights): the resumed
+    steps scale as the uninterrupted run's did, so their losses are the same."""
+    monkeypatch.setenv("FAKE_HPU_DEVICE_NAME", "GAUDI3")
+    flags = dict(steps=6, save_strategy="steps", save_steps=3, flash_attention_fp8=True, **ATTENTION)
+    whole = GaudiTrainer(model=llama(), args=gaudi_args(tmp_path / "whole", **flags), train_dataset=data(24))
+    whole.train()
+    checkpoint = tmp_path / "whole" / "checkpoint-3"
+    assert (checkpoint / "fp8_scaling_state.pt").is_file()
+    from safetensors import safe_open
+
+    with safe_open(str(checkpoint / "model.safetensors"), "pt") as f:
+        assert not [k for k in f.keys() if k.endswith("_extra_state")]
+    resumed = GaudiTrainer(model=llama(), args=gaudi_args(tmp_path / "resumed", **flags), train_dataset=data(24))
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+
+    def losses(trainer):
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h and h["step"] > 3]
+
+    assert len(losses(resumed)) == 3 and losses(resumed) == losses(whole)

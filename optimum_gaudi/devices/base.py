@@ -36,15 +36,20 @@ FEATURES = (
 )
 
 
+FP8_ATTENTION = "gaudi_fp8_attention"  # --flash_attention_fp8: the fp8 attention module inside each attention layer
+
+
 @dataclass(frozen=True)
 class Fp8Plan:
     """How a device trains in fp8 (features/fp8.py): `convert` swaps the given linear layers of a model in
     place, keeping their weight and bias objects; `autocast`, where not None, is the context each training
-    forward runs in."""
+    forward runs in (and a checkpointed layer's recomputation in the backward, features/fp8.py)."""
 
     name: str
     convert: Callable[[torch.nn.Module, set[torch.nn.Linear]], None]
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None
+    # With activation checkpointing: what marks the function a checkpointed layer runs (forward, then recompute)
+    checkpointed: Callable[[Callable], Callable] | None = None
 
 
 class Device:
@@ -150,16 +155,24 @@ class Device:
         """A fused rotate-half rotary embedding ``(x, cos, sin) -> x rotated``, cos/sin per position, or None."""
         return None
 
+    def fp8_attention_builder(self, recompute: bool) -> Callable[[float | None, float], torch.nn.Module] | None:
+        """--flash_attention_fp8: what builds one attention layer's fp8 attention from its scale and dropout;
+        None where attention has no fp8 kernel (the flag changes nothing)."""
+        return None
+
     # ---- fp8 (features/fp8.py): torchao's float8 training here, the Gaudi Transformer Engine on a Gaudi ------------
 
-    def fp8_problem(self) -> str | None:
-        """Why --fp8 cannot train here, in one line; None when it can."""
+    def fp8_problem(self, compiling: bool = False) -> str | None:
+        """Why --fp8 cannot train here, in one line; None when it can (``compiling``: with --torch_compile)."""
         if importlib.util.find_spec("torchao") is None:
             return f"--fp8 on {self.type.upper()} uses torchao's float8 training: pip install 'optimum-gaudi[fp8]'."
         return None
 
-    def fp8_plan(self, minimize_memory: bool, compiling: bool) -> Fp8Plan:
-        """torchao's ``Float8Linear`` (dynamic per-tensor scaling, fp8 matmuls through ``torch._scaled_mm``)."""
+    def fp8_plan(self, minimize_memory: bool, compiling: bool, recipe: dict[str, Any] | None = None) -> Fp8Plan:
+        """torchao's ``Float8Linear`` (dynamic per-tensor scaling, fp8 matmuls through ``torch._scaled_mm``).
+        ``recipe``: the user's ``--fp8_recipe`` (delayed scaling, a Gaudi's), which dynamic scaling has no use for."""
+        if recipe is not None:
+            logger.warning("--fp8_recipe sets a Gaudi's delayed scaling; torchao scales dynamically here: ignored.")
         if minimize_memory:
             logger.warning(
                 "--minimize_memory has no effect with torchao's float8 training (it keeps no fp8 weight copy)."

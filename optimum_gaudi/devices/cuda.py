@@ -76,14 +76,14 @@ class CUDADevice(Device):
 
         return restore
 
-    def fp8_problem(self) -> str | None:
+    def fp8_problem(self, compiling: bool = False) -> str | None:
         capability = torch.cuda.get_device_capability()
         if capability < (8, 9):
             return (
                 f"--fp8 needs a GPU with fp8 matmuls (compute capability 8.9 or newer: Ada, Hopper, Blackwell); "
                 f"{torch.cuda.get_device_name()} has {capability[0]}.{capability[1]}. Train with --bf16."
             )
-        return super().fp8_problem()
+        return super().fp8_problem(compiling)
 
     def wrap_for_training(self, model: nn.Module, max_graphs: int | None) -> nn.Module:
         if max_graphs is not None:

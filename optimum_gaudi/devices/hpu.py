@@ -16,13 +16,13 @@ import importlib.util
 import logging
 import os
 import sys
-import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..configuration.fp8_recipe import GAUDI_RECIPE
 from ..configuration.op_lists import (
     BF16_LIST_ENV,
     FP32_LIST_ENV,
@@ -30,7 +30,7 @@ from ..configuration.op_lists import (
     HABANA_DEFAULT_FP32_OPS,
     op_list_environment,
 )
-from .base import GB, Device, Fp8Plan, private_inputs, replayable, unaliased_outputs
+from .base import FP8_ATTENTION, GB, Device, Fp8Plan, private_inputs, replayable, unaliased_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -415,27 +415,33 @@ class HPUDevice(Device):
         return kernel
 
     def _fp8_attention_kernel(self, options: Any, softmax: str) -> Callable[..., torch.Tensor]:
-        """--flash_attention_fp8: the Transformer Engine's ``FusedAttention``, one per attention layer (each keeps
-        its own fp8 scaling state), built as optimum-habana builds it (scale, dropout, recompute) and called with
-        (q, k, v, mask, is_causal, softmax_mode); key/value heads repeated to the query heads. In fp8 inside the
-        training forwards' ``fp8_autocast`` (--fp8), in the model's precision elsewhere."""
-        te = importlib.import_module(TRANSFORMER_ENGINE)
-        per_layer: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        """--flash_attention_fp8: each attention layer's own Transformer Engine ``FusedAttention`` (its registered
+        submodule, :meth:`fp8_attention_builder`), called with (q, k, v, mask, is_causal, softmax_mode); key/value
+        heads repeated to the query heads. In fp8 inside the training forwards' ``fp8_autocast`` (--fp8), in the
+        model's precision elsewhere; its dropout follows the layer's ``train()``/``eval()``."""
 
         def kernel(q, k, v, mask, dropout_p, is_causal, scale, layer=None):
-            attention = per_layer.get(layer) if layer is not None else None
+            attention = getattr(layer, FP8_ATTENTION, None)
             if attention is None:
-                attention = te.FusedAttention(
-                    scale=scale, attention_dropout=dropout_p, enable_recompute=options.recompute
+                raise RuntimeError(
+                    f"--flash_attention_fp8: {type(layer).__name__} has no {FP8_ATTENTION}; the trainer attaches one "
+                    "to each attention layer before training (features/fp8.py attach_fp8_attention)."
                 )
-                if layer is not None:
-                    per_layer[layer] = attention
             groups = q.shape[1] // k.shape[1]
             if groups > 1:
                 k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
             return attention(q, k, v, mask, is_causal, softmax)
 
         return kernel
+
+    def fp8_attention_builder(self, recompute: bool) -> Callable[[float | None, float], torch.nn.Module]:
+        """``FusedAttention(scale, attention_dropout, enable_recompute)`` for one layer, as optimum-habana builds it
+        when it converts a model (``accelerate/utils/transformer_engine.py``): from the layer's scale and the
+        model's attention dropout, not from the dropout of whichever call comes first (0 in evaluation)."""
+        te = importlib.import_module(TRANSFORMER_ENGINE)
+        return lambda scale, dropout: te.FusedAttention(
+            scale=scale, attention_dropout=dropout, enable_recompute=recompute
+        )
 
     def rms_norm_kernel(self) -> Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]:
         """FusedRMSNorm returns float32 when input and weight dtypes differ (``hpu_ops/backend/rms_norm_gen.cpp``):
@@ -455,24 +461,26 @@ class HPUDevice(Device):
 
         return lambda x, cos, sin: RotaryPosEmbeddingHelperV1.apply(x, cos, sin, 0)
 
-    def fp8_problem(self) -> str | None:
+    def fp8_problem(self, compiling: bool = False) -> str | None:
         if importlib.import_module("habana_frameworks.torch.hpu").get_device_name() == "GAUDI":
             return "--fp8 needs Gaudi 2 or later; this is a first-generation Gaudi. Train with --bf16."
+        _custom_ops_before_import(compiling)
         try:
             importlib.import_module(TRANSFORMER_ENGINE)
         except ImportError as e:
             return f"--fp8 needs Intel's Gaudi Transformer Engine, which this Gaudi software lacks ({e}). Train with --bf16."
         return None
 
-    def fp8_plan(self, minimize_memory: bool, compiling: bool) -> Fp8Plan:
+    def fp8_plan(self, minimize_memory: bool, compiling: bool, recipe: dict[str, Any] | None = None) -> Fp8Plan:
         """``te.Linear`` built without weights and given the layer's own (``skip_weight_param_allocation``, as
-        optimum-habana converts), under ``te.fp8_autocast`` with delayed scaling in the HYBRID format (e4m3
-        forward, e5m2 gradients). Compiled, Transformer Engine runs its ops as custom ops (PT_TE_CUSTOM_OP=1,
-        set before it loads unless the user set it)."""
-        if compiling:
-            os.environ.setdefault("PT_TE_CUSTOM_OP", "1")
+        optimum-habana converts), under ``te.fp8_autocast`` with the delayed-scaling ``recipe`` (optimum-habana's
+        by default: HYBRID, e4m3 forward and e5m2 gradients, the most recent amax, every 16 steps). Compiled,
+        Transformer Engine runs its ops as custom ops (PT_TE_CUSTOM_OP=1, read when it is first imported)."""
+        _custom_ops_before_import(compiling)
         te = importlib.import_module(TRANSFORMER_ENGINE)
-        recipe = te.recipe.DelayedScaling(fp8_format=te.recipe.Format.HYBRID)
+        recipe = recipe or GAUDI_RECIPE
+        fields = {**recipe, "fp8_format": getattr(te.recipe.Format, recipe["fp8_format"])}
+        delayed = te.recipe.DelayedScaling(**fields)
 
         def make(linear: torch.nn.Linear) -> torch.nn.Module:
             has_bias = linear.bias is not None
@@ -492,7 +500,8 @@ class HPUDevice(Device):
         return Fp8Plan(
             "Intel Gaudi Transformer Engine te.Linear",
             convert,
-            lambda: te.fp8_autocast(enabled=True, fp8_recipe=recipe),
+            lambda: te.fp8_autocast(enabled=True, fp8_recipe=delayed),
+            lambda function: te.distributed.activation_checkpointing()(function),
         )
 
     def memory_info(self) -> tuple[int, int]:
@@ -509,6 +518,19 @@ class HPUDevice(Device):
 
 
 _warned: set[str] = set()
+
+
+def _custom_ops_before_import(compiling: bool) -> None:
+    """Compiled fp8 needs Transformer Engine's custom ops, a switch it reads when first imported: set it before
+    (unless the user set it), or say in one line that the import came too early for it."""
+    if not compiling or os.environ.get("PT_TE_CUSTOM_OP") is not None:
+        return
+    if "intel_transformer_engine" in sys.modules:
+        _warn_once(
+            "--fp8 --torch_compile: Intel's Transformer Engine was imported before the training arguments could set "
+            "PT_TE_CUSTOM_OP=1; export PT_TE_CUSTOM_OP=1 before starting Python so compiled fp8 uses its custom ops."
+        )
+    os.environ["PT_TE_CUSTOM_OP"] = "1"
 
 
 def _warn_once(message: str) -> None:

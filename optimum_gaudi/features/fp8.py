@@ -7,20 +7,29 @@ every device: each ``nn.Linear`` whose two sizes are multiples of 16 (what fp8 m
 the output layer (the LM head, whose logits are the most sensitive to precision). A converted layer keeps the
 original weight and bias objects, so the optimizer, weight tying and ``state_dict`` keys stay as they were;
 a saved model is the user's own class and loads in plain transformers.
+
+On a Gaudi the Transformer Engine keeps scaling state in its modules (``_extra_state``): a checkpoint carries it
+in a file of its own (:data:`SCALING_STATE_FILE`), so a resumed run scales its first steps as the uninterrupted
+run did, while the saved weights stay plain. The recipe is optimum-habana's unless the user gives one
+(``--fp8_recipe``, configuration/fp8_recipe.py).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Callable
 
+import torch
 from torch import nn
 
-from ..devices.base import Fp8Plan
+from ..devices.base import FP8_ATTENTION, Fp8Plan
 
 logger = logging.getLogger(__name__)
 
 SIZE_MULTIPLE = 16
 EXTRA_STATE_SUFFIX = "._extra_state"  # where Transformer Engine modules keep their scaling state
+SCALING_STATE_FILE = "fp8_scaling_state.pt"  # in a checkpoint: the Transformer Engine modules' scaling state
 
 
 def eligible_linears(model: nn.Module) -> set[nn.Linear]:
@@ -46,6 +55,41 @@ def use_fp8(model: nn.Module, plan: Fp8Plan) -> None:
     logger.info("--fp8: %d linear layers compute in fp8 (%s).", len(layers), plan.name)
 
 
+def recompute_in_fp8(model: nn.Module, plan: Fp8Plan) -> int:
+    """Activation checkpointing under a device's fp8 context: each checkpointed layer's function enters that
+    context itself, so the recomputation in the backward (outside the training forward's context) runs in fp8
+    as the first forward did, marked as checkpointed where the device asks (Transformer Engine then recomputes
+    with the forward's scales). Returns how many layers were wrapped (each once)."""
+    if plan.autocast is None:
+        return 0  # torchao: the recomputation is the same fp8 computation, with nothing to enter
+    wrapped = 0
+    for module in model.modules():
+        checkpoint = getattr(module, "_gradient_checkpointing_func", None)
+        if checkpoint is None or getattr(checkpoint, "_gaudi_fp8", False):
+            continue
+        module._gradient_checkpointing_func = _InFp8(checkpoint, plan)
+        wrapped += 1
+    return wrapped
+
+
+class _InFp8:
+    """``checkpoint(function, *args)`` with ``function`` run in the fp8 context, forward and recomputation."""
+
+    _gaudi_fp8 = True
+
+    def __init__(self, checkpoint: Callable, plan: Fp8Plan) -> None:
+        self.checkpoint, self.plan = checkpoint, plan
+
+    def __call__(self, function: Callable, *args, **kwargs):
+        def in_fp8(*inner_args, **inner_kwargs):
+            with self.plan.autocast():
+                return function(*inner_args, **inner_kwargs)
+
+        if self.plan.checkpointed is not None:
+            in_fp8 = self.plan.checkpointed(in_fp8)
+        return self.checkpoint(in_fp8, *args, **kwargs)
+
+
 def without_fp8_state(state_dict: dict) -> dict:
     """The weights without Transformer Engine's scaling state: what plain transformers and vLLM expect in a
     saved model (the scaling history rebuilds itself in the first steps after a resume)."""
@@ -56,3 +100,59 @@ def saved_state_dict(model: nn.Module) -> dict | None:
     """What to save of an fp8 model: its state without scaling state, or None (the model's own) if it has none."""
     state = model.state_dict()
     return without_fp8_state(state) if any(key.endswith(EXTRA_STATE_SUFFIX) for key in state) else None
+
+
+def scaling_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The Transformer Engine modules' scaling state (amax histories, scales), by state-dict key."""
+    return {
+        key: value
+        for key, value in model.state_dict().items()
+        if key.endswith(EXTRA_STATE_SUFFIX) and isinstance(value, torch.Tensor)
+    }
+
+
+def save_scaling_state(model: nn.Module, directory: str) -> None:
+    """Into a checkpoint: the scaling state the saved weights leave out (nothing without Transformer Engine)."""
+    state = scaling_state(model)
+    if state:
+        torch.save(state, os.path.join(directory, SCALING_STATE_FILE))
+
+
+def load_scaling_state(model: nn.Module, directory: str) -> bool:
+    """From a checkpoint, where it has one: the modules scale their next steps as before the interruption."""
+    path = os.path.join(directory, SCALING_STATE_FILE)
+    if not os.path.isfile(path):
+        return False
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    expected = set(scaling_state(model))
+    if set(state) != expected:
+        logger.warning(
+            "--fp8: the checkpoint's scaling state is for other modules (%d saved, %d here); scaling starts afresh.",
+            len(state),
+            len(expected),
+        )
+        return False
+    model.load_state_dict(state, strict=False)
+    return True
+
+
+def attention_layers(model: nn.Module) -> list[nn.Module]:
+    """The layers that call transformers' attention interface with their own scale and dropout (Llama, Mistral,
+    Qwen, Gemma, ...): the ones ``--flash_attention_fp8`` gives an fp8 FusedAttention."""
+    return [
+        module
+        for module in model.modules()
+        if isinstance(getattr(module, "attention_dropout", None), (int, float))
+        and hasattr(module, "scaling")
+        and hasattr(module, "config")
+    ]
+
+
+def attach_fp8_attention(model: nn.Module, build: Callable[[float | None, float], nn.Module]) -> int:
+    """Give each attention layer its fp8 attention module, built once from the layer's scale and the model's
+    attention dropout, as a registered submodule: ``train()``/``eval()`` reach it (dropout only in training)
+    and its scaling state is part of the model's state, saved and resumed with the rest."""
+    layers = [layer for layer in attention_layers(model) if not hasattr(layer, FP8_ATTENTION)]
+    for layer in layers:
+        layer.add_module(FP8_ATTENTION, build(layer.scaling, float(layer.attention_dropout)))
+    return len(layers)

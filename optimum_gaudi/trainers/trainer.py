@@ -29,15 +29,25 @@ from ..checkpoints import (
     staged_checkpoint,
     warn_if_pickles_are_unsafe_here,
 )
+from ..configuration.fp8_recipe import parse_fp8_recipe
 from ..configuration.gaudi_config import GaudiConfig
 from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
 from ..devices.autocast import OpListAutocast
+from ..devices.base import Fp8Plan
 from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from ..features import attention, kernels
 from ..features.adalora import AdaLoraBudget, adalora_configs
 from ..features.adam_state import keep_step_counts_on_load
 from ..features.compilation import CompilationLog, CompileOptions, compile_regions, pin_loss_function
-from ..features.fp8 import saved_state_dict, use_fp8, without_fp8_state
+from ..features.fp8 import (
+    attach_fp8_attention,
+    load_scaling_state,
+    recompute_in_fp8,
+    save_scaling_state,
+    saved_state_dict,
+    use_fp8,
+    without_fp8_state,
+)
 from ..features.metrics import Throughput
 from ..features.op_list_check import check_op_lists
 from ..features.profiling import EvaluationProfiler, GaudiProfilerCallback
@@ -173,7 +183,11 @@ class GaudiTrainerMixin(TrainerShims):
         self._eager_step: int | None = None  # --compile_from_sec_iteration: the step that runs eagerly
         if self._compile is not None:
             self._compile.apply_limits()
-        self._fp8 = self.gaudi_device.fp8_plan(args.minimize_memory, self._compile is not None) if args.fp8 else None
+        self._fp8: Fp8Plan | None = None
+        self._fp8_scaling_from: str | None = None  # a resumed checkpoint whose fp8 scaling state is still to load
+        if args.fp8:
+            recipe = parse_fp8_recipe(args.fp8_recipe) if args.fp8_recipe is not None else None
+            self._fp8 = self.gaudi_device.fp8_plan(args.minimize_memory, self._compile is not None, recipe)
 
         super().__init__(*trainer_args, **trainer_kwargs)
 
@@ -326,6 +340,25 @@ class GaudiTrainerMixin(TrainerShims):
         )
         if self._fp8 is not None:
             use_fp8(model, self._fp8)
+            recompute_in_fp8(model, self._fp8)  # layers checkpointed since (gradient checkpointing) too
+            build = device.fp8_attention_builder(args.flash_attention_recompute) if args.flash_attention_fp8 else None
+            if build is not None:
+                attach_fp8_attention(model, build)
+            self._restore_fp8_scaling(model)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        """The weights as transformers loads them; the fp8 scaling state once the model's fp8 modules exist (they
+        are made when the model is wrapped, usually after this)."""
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        if self._fp8 is not None:
+            self._fp8_scaling_from = resume_from_checkpoint
+            self._restore_fp8_scaling(self.accelerator.unwrap_model(model if model is not None else self.model))
+
+    def _restore_fp8_scaling(self, model: nn.Module) -> None:
+        source = self._fp8_scaling_from
+        if source is not None and getattr(model, "_gaudi_fp8", None) is not None:
+            load_scaling_state(model, source)
+            self._fp8_scaling_from = None
 
     def _prepare_compile(self, model: nn.Module) -> None:
         """Once per model: pin its loss function (no graph break) and, if asked, compile its blocks and loss."""
@@ -591,6 +624,8 @@ class GaudiTrainerMixin(TrainerShims):
             finally:
                 self._staging_root = None
             saved = staging / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            if self._fp8 is not None and self.args.should_save and saved.is_dir():
+                save_scaling_state(self.accelerator.unwrap_model(model), str(saved))
             totals = getattr(self, "_run_totals", None)
             if self.args.should_save and totals is not None and saved.is_dir():
                 (saved / RUN_TOTALS_FILE).write_text(json.dumps(totals, indent=1), encoding="utf-8")

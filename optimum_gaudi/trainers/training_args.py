@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 import torch
 from transformers import TrainingArguments
 
+from ..configuration.fp8_recipe import parse_fp8_recipe
 from ..configuration.gaudi_config import GaudiConfig
 from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
 from ..devices import CPUDevice, Device, detect_device
@@ -155,6 +156,15 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments):
         metadata={"help": "fp8 linear layers: Intel's Gaudi Transformer Engine on a Gaudi, torchao on CPU/CUDA."},
     )
     minimize_memory: bool = field(default=False, metadata={"help": "With --fp8: keep fewer fp8 weight copies."})
+    fp8_recipe: str | None = field(
+        default=None,
+        metadata={
+            "help": "With --fp8 on a Gaudi: the Transformer Engine's delayed-scaling recipe, JSON text or a JSON file "
+            "(keys margin, interval, fp8_format, amax_history_len, amax_compute_algo, reduce_amax); default "
+            '{"interval": 16, "amax_history_len": 1, "amax_compute_algo": "most_recent", "reduce_amax": false}, '
+            "optimum-habana's."
+        },
+    )
     # ---- optimum-habana's other fields: same names and meanings (docs/optimum-habana.md says what each does here)
     use_hpu_graphs: bool = field(
         default=False,
@@ -227,7 +237,7 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments):
         self.gaudi_device: Device = detect_device(use_habana=self.use_habana, use_cpu=self.use_cpu)
         problem = self.gaudi_device.argument_problem(self)
         if problem is None and self.fp8:
-            problem = self.gaudi_device.fp8_problem()
+            problem = self.gaudi_device.fp8_problem(compiling=bool(self.torch_compile))
         if problem is not None:
             raise GaudiArgumentError(problem)
         # cpu_amp: autocast on the host even when the model trains on an accelerator
@@ -321,6 +331,13 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments):
             fail(problem)
         if self.minimize_memory and not self.fp8:
             logger.warning("--minimize_memory only acts with --fp8; it is ignored.")
+        if self.fp8_recipe is not None:
+            try:
+                parse_fp8_recipe(self.fp8_recipe)  # a mistake is one line on every device
+            except UserError as e:
+                fail(str(e))
+            if not self.fp8:
+                logger.warning("--fp8_recipe only acts with --fp8; it is ignored.")
         check_compile_flags(self)
         self._check_optimum_habana_flags()
         if self.half_precision_backend != "auto" and not self.bf16:

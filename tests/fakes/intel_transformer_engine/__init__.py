@@ -17,8 +17,15 @@ NVIDIA's Transformer Engine, which it is derived from (the bridge file carries N
 - ``FusedAttention(scale, attention_dropout, enable_recompute)`` called ``(q, k, v, attn_mask, is_causal,
   softmax_mode)``, as optimum-habana builds and calls it (``optimum/habana/accelerate/utils/transformer_engine.py``);
   query and key/value heads must match (asserted: the model repeats grouped heads); inside ``fp8_autocast`` q, k
-  and v are rounded through e4m3 with delayed scaling, then attention runs as torch's SDPA.
-Every fp8 forward and the autocast entries are recorded (``te.Linear.forward``, ``te.fp8_autocast``).
+  and v are rounded through e4m3 with delayed scaling, then attention runs as torch's SDPA. Its dropout is the one
+  it was built with, in training mode only (``self.training``, as NVIDIA TE's ``DotProductAttention``); it keeps
+  scaling state in ``_extra_state`` as ``Linear`` does.
+- The extra state holds the amax histories and how many steps they cover (NVIDIA TE's ``get_extra_state`` in
+  ``module/base.py`` saves the scales with the histories), so a restored module scales its next step as before.
+- ``PT_TE_CUSTOM_OP`` is read once, when the package is first imported (``CUSTOM_OP``): the switch that makes its
+  ops custom ops torch.compile can trace; set later, it changes nothing.
+Every fp8 forward and the autocast entries are recorded (``te.Linear.forward``, ``te.fp8_autocast`` with the
+recipe's fields and ``custom_op``).
 """
 
 import contextlib
@@ -30,18 +37,24 @@ import habana_frameworks as _hf
 import torch
 import torch.nn.functional as F
 
-from . import recipe
+from . import distributed, recipe
 
 if os.environ.get("FAKE_HPU_NO_TE") == "1":
     raise ModuleNotFoundError("No module named 'intel_transformer_engine'", name="intel_transformer_engine")
 
+CUSTOM_OP = os.environ.get("PT_TE_CUSTOM_OP") == "1"  # read at import only
 _state = {"enabled": False, "recipe": None}
 
 
 @contextlib.contextmanager
 def fp8_autocast(enabled: bool = True, fp8_recipe: recipe.DelayedScaling | None = None, fp8_group=None):
+    fields = {k: v for k, v in vars(fp8_recipe).items() if k != "fp8_format"} if fp8_recipe is not None else {}
     _hf.record(
-        "te.fp8_autocast", enabled=enabled, fp8_format=getattr(getattr(fp8_recipe, "fp8_format", None), "value", None)
+        "te.fp8_autocast",
+        enabled=enabled,
+        fp8_format=getattr(getattr(fp8_recipe, "fp8_format", None), "value", None),
+        custom_op=CUSTOM_OP,
+        **fields,
     )
     saved = dict(_state)
     _state.update(enabled=enabled, recipe=fp8_recipe or recipe.DelayedScaling())
@@ -66,6 +79,19 @@ class _Meta:
         self.amax_history[row, column] = amax
 
 
+def _extra_state(fp8_meta: dict) -> torch.Tensor:
+    buffer = io.BytesIO()
+    pickle.dump({k: (v.amax_history, v.steps) for k, v in fp8_meta.items() if k != "recipe"}, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def _set_extra_state(fp8_meta: dict, state) -> None:
+    if state is None or (isinstance(state, torch.Tensor) and state.numel() == 0):
+        return
+    for key, (history, steps) in pickle.loads(state.numpy().tobytes()).items():
+        fp8_meta[key].amax_history, fp8_meta[key].steps = history, steps
+
+
 def _quantize(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
     return ((x.float() * scale).clamp(-torch.finfo(dtype).max, torch.finfo(dtype).max).to(dtype).float() / scale).to(
         x.dtype
@@ -78,11 +104,18 @@ class _Fp8Matmul(torch.autograd.Function):
         r = module.fp8_meta["recipe"]
         fwd = r.fp8_format.forward_dtype()
         meta = module.fp8_meta["scaling_fwd"]
-        q_inp = _quantize(inp, fwd, meta.scale(0, fwd, r.amax_compute_algo))
-        q_w = _quantize(weight.to(inp.dtype), fwd, meta.scale(1, fwd, r.amax_compute_algo))
-        meta.record(0, float(inp.detach().abs().max()))
-        meta.record(1, float(weight.detach().abs().max()))
-        meta.steps += 1
+        phase = distributed._phase
+        if phase["recompute"]:  # a checkpointed layer recomputed: the forward's scales, the history untouched
+            scale_inp, scale_w = phase["saved"][id(module)]
+        else:
+            scale_inp, scale_w = meta.scale(0, fwd, r.amax_compute_algo), meta.scale(1, fwd, r.amax_compute_algo)
+            if phase["saved"] is not None:
+                phase["saved"][id(module)] = (scale_inp, scale_w)
+            meta.record(0, float(inp.detach().abs().max()))
+            meta.record(1, float(weight.detach().abs().max()))
+            meta.steps += 1
+        q_inp = _quantize(inp, fwd, scale_inp)
+        q_w = _quantize(weight.to(inp.dtype), fwd, scale_w)
         ctx.save_for_backward(q_inp, q_w)
         ctx.module, ctx.has_bias, ctx.dtypes = module, bias is not None, (inp.dtype, weight.dtype)
         return F.linear(q_inp, q_w, None if bias is None else bias.to(inp.dtype))
@@ -135,23 +168,18 @@ class Linear(torch.nn.Module):
             _hf.record("te.Linear.forward", fp8=False)
             return F.linear(inp, weight.to(inp.dtype), None if bias is None else bias.to(inp.dtype))
         r = _state["recipe"]
-        if self.fp8_meta["recipe"] is not r:
+        self.fp8_meta["recipe"] = r  # the forward's recipe; the history kept unless its length changes
+        if self.fp8_meta["scaling_fwd"].amax_history.shape[0] != r.amax_history_len:
             history = r.amax_history_len
-            self.fp8_meta = {"recipe": r, "scaling_fwd": _Meta(history), "scaling_bwd": _Meta(history)}
+            self.fp8_meta.update(scaling_fwd=_Meta(history), scaling_bwd=_Meta(history))
         _hf.record("te.Linear.forward", fp8=True, fp8_format=r.fp8_format.value, dtype=str(inp.dtype))
         return _Fp8Matmul.apply(inp, weight, bias, self)
 
     def get_extra_state(self) -> torch.Tensor:
-        buffer = io.BytesIO()
-        pickle.dump({k: v.amax_history for k, v in self.fp8_meta.items() if k != "recipe"}, buffer)
-        return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+        return _extra_state(self.fp8_meta)
 
     def set_extra_state(self, state) -> None:
-        if state is None or (isinstance(state, torch.Tensor) and state.numel() == 0):
-            return
-        histories = pickle.loads(state.numpy().tobytes())
-        for key, history in histories.items():
-            self.fp8_meta[key].amax_history = history
+        _set_extra_state(self.fp8_meta, state)
 
 
 class FusedAttention(torch.nn.Module):
@@ -177,6 +205,13 @@ class FusedAttention(torch.nn.Module):
             meta.record(1, float(max(k.detach().abs().max(), v.detach().abs().max())))
             meta.steps += 1
             q, k, v = quantized
-        dropout = self.attention_dropout if torch.is_grad_enabled() else 0.0
+        dropout = self.attention_dropout if self.training else 0.0
+        _hf.record("te.FusedAttention.dropout", instance=id(self), dropout=dropout)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal,
                                               scale=self.scale)  # fmt: skip
+
+    def get_extra_state(self) -> torch.Tensor:
+        return _extra_state(self.fp8_meta)
+
+    def set_extra_state(self, state) -> None:
+        _set_extra_state(self.fp8_meta, state)
