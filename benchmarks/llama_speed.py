@@ -61,7 +61,7 @@ def parameters(shape: dict) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def step_flops(shape: dict, sequence: int) -> float:
+def step_flops(shape: dict, sequence: int, batch: int = BATCH) -> float:
     """6 * N * tokens + 12 * layers * sequence * hidden * tokens: N = the parameters that take part in
     matmuls (the blocks' projections and the tied output projection; not the norms); the second term is
     QK^T and AV (forward 2 matmuls of 2 * sequence * hidden FLOPs per token each, backward twice that), the
@@ -70,7 +70,7 @@ def step_flops(shape: dict, sequence: int) -> float:
     kv_width = shape["num_key_value_heads"] * h // shape["num_attention_heads"]
     block = h * h * 2 + h * kv_width * 2 + 3 * h * i  # q, o; k, v; gate, up, down
     n = layers * block + shape["vocab_size"] * h
-    tokens = BATCH * sequence
+    tokens = batch * sequence
     return 6 * n * tokens + 12 * layers * sequence * h * tokens
 
 
