@@ -24,7 +24,8 @@ to hand_tuned_compile, and the warm-up's excess over steady steps (mostly compil
 BENCH_GPU_TINY=1 (or BENCH_QUICK=1) runs a 2-layer Llama of width 64 on 64-token sequences, compiled with the
 cheap ``eager`` backend: a smoke run of this code on any machine, CPU included, not a measurement.
 BENCH_GPU_JSON=path writes the results as JSON, rewritten after each setup so that a run cut short keeps
-what it measured.
+what it measured; BENCH_GPU_BUDGET=seconds bounds the whole run (a setup that cannot start in time is a row
+saying so).
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ TINY_SHAPE = {**SHAPE, "num_hidden_layers": 2, "vocab_size": 512, "hidden_size":
               "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}  # fmt: skip
 TINY_SEQUENCE, TINY_BATCH, TINY_STEPS, TINY_WARMUP = 64, 2, 3, 1
 SETUP_TIMEOUT = int(os.environ.get("BENCH_GPU_SETUP_TIMEOUT", "150"))  # seconds, each setup's process
+# seconds for the whole run (BENCH_GPU_BUDGET): a setup gets what is left, and none starts with under a minute
+# left, so that the table and JSON are written before a lent machine's time runs out
+BUDGET = float(os.environ.get("BENCH_GPU_BUDGET", "inf"))
 
 REGIONAL_ENV = {"ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1"}  # accelerate's TorchDynamoPlugin reads it
 TUNED = {"bf16": True, "optim": "adamw_torch_fused", "torch_compile": True}
@@ -197,12 +201,16 @@ def run(tiny: bool = False, setups: tuple[str, ...] | None = None, json_path: st
             Path(json_path).write_text(json.dumps(results, indent=1))
 
     log(f"  gpu: {device}, bf16 matmul peak {results['peak'] / 1e12:.1f} TFLOP/s")
+    deadline = time.monotonic() + BUDGET
     for setup in setups or SETUPS:
-        why = skip_reason(setup)
+        why, left = skip_reason(setup), deadline - time.monotonic() - 10  # 10 s: the second peak measurement
+        if why is None and left < 60:
+            why = f"not run: {max(left, 0):.0f} s of BENCH_GPU_BUDGET left"
         if why is None:
             request = [setup, shape, sequence, batch, steps, warmup, tiny]
+            timeout = int(min(SETUP_TIMEOUT, left))
             try:
-                outcome = in_new_process("benchmarks.gpu", request, env=SETUPS[setup][3], timeout=SETUP_TIMEOUT)
+                outcome = in_new_process("benchmarks.gpu", request, env=SETUPS[setup][3], timeout=timeout)
             except (RuntimeError, subprocess.TimeoutExpired) as error:
                 outcome = {"failed": _last_line(error)}
         else:

@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -59,3 +61,12 @@ def test_a_failed_setup_is_a_row_and_the_targets_are_checked_against_the_others(
                              "sequence": 2048, "batch": 4, "steps": 15, "warmup": 3, "parameters": 1})  # fmt: skip
     assert "| gaudi_compile | failed: torch._dynamo.exc.BackendCompilerFailed: boom |" in rows
     assert "| gaudi_compile_fp8_flce | 130 | 0.1% | 25.0 | 1.30x | 0.50x | 40 | 12.000 |" in rows
+
+
+def test_a_setup_that_cannot_start_within_the_budget_is_a_row(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu, "matmul_peak", lambda: 1e12)
+    monkeypatch.setattr(gpu, "BUDGET", 30.0)
+    monkeypatch.setattr(gpu, "in_new_process", lambda *a, **k: pytest.fail("no time was left to start it"))
+    text, results = gpu.run(tiny=True, setups=("gaudi_compile",), log=lambda _: None)
+    assert results["setups"]["gaudi_compile"]["skipped"].startswith("not run: ")
+    assert "of BENCH_GPU_BUDGET left" in text
