@@ -26,7 +26,6 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback
 from benchmarks.common import StepClock, in_new_process, markdown_table, median, request_from_argv
 from benchmarks.compile_speed import bf16_matmul_peak
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
-from optimum_gaudi.data.corpus import default_datasets, default_tokenizer, tokenize_and_group
 
 BATCH = 4
 SHAPE = dict(
@@ -86,6 +85,8 @@ class LastLoss(TrainerCallback):
 
 
 def blocks(count: int, sequence: int, tokenizer_vocab: int):
+    from optimum_gaudi.data.corpus import default_datasets, default_tokenizer, tokenize_and_group  # see lm_data
+
     tokenizer = default_tokenizer(tokenizer_vocab)
     return tokenize_and_group(default_datasets(), tokenizer, sequence)["train"].select(range(count))
 
