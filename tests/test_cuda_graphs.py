@@ -68,10 +68,12 @@ def test_each_call_starts_a_new_graph_iteration_outside_the_compiled_code(compil
 @pytest.fixture
 def captures(monkeypatch):
     """CUDADevice.capture_graph modelled by the CPU's (replay re-runs the function into the same output
-    tensors), recording the shapes of each capture's inputs."""
+    tensors), recording the shapes of each capture's inputs. Autocast's weight cache must be off while a graph
+    records: the graph would read casts that the end of the autocast region frees."""
     shapes = []
 
     def capture(self, fn, static_inputs):
+        assert not torch.is_autocast_cache_enabled()
         shapes.append([tuple(t.shape) for t in static_inputs])
         return Device.capture_graph(self, fn, static_inputs)
 
@@ -90,6 +92,7 @@ def test_inference_graphs_capture_each_shape_once_without_compiling(captures, co
         for x in [torch.randn(8, 4), torch.randn(8, 4), torch.randn(3, 4), torch.randn(8, 4), torch.randn(3, 4)]:
             torch.testing.assert_close(model(x), eager(x))
     assert captures == [[(8, 4)], [(3, 4)]]  # one capture per shape, replayed for the others
+    assert torch.is_autocast_cache_enabled()  # back on after each capture
     model(torch.randn(8, 4)).backward()  # with gradients (training): the plain forward, no capture
     assert len(captures) == 2 and model.proj.weight.grad is not None
 

@@ -101,8 +101,10 @@ class InferenceGraphs:
             )
             return self.plain_forward(*call_args, **call_kwargs)
 
-        # autocast caches its casts of the weights until its region ends: a graph must cast them itself
-        torch.clear_autocast_cache()
+        # autocast caches its casts of the weights until its region ends, and the warm-up run would fill the cache:
+        # the graph would read casts freed at the region's end. Without the cache it records the casts itself.
+        cache_enabled = torch.is_autocast_cache_enabled()
+        torch.set_autocast_cache_enabled(False)
         try:
             outputs, replay = self.device.capture_graph(run, tuple(static))
         except Exception as error:  # e.g. a forward that waits for the host (.item(), nonzero)
@@ -115,7 +117,7 @@ class InferenceGraphs:
             )
             return False
         finally:
-            torch.clear_autocast_cache()
+            torch.set_autocast_cache_enabled(cache_enabled)
         self.graphs[key] = (static, outputs, replay)
         return True
 
