@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The one prepared call on a lent GPU machine (no network; its own torch, which stays). From the repository root:
+# The one prepared call on a lent GPU machine (no network; its own torch, which stays). From the repository root,
+# with .whl/ filled by tests/scripts/device_wheels.sh (git-ignored, so the call carries it: carry [".whl"]):
 #     bash tests/scripts/device_check.sh
-# Needs in .whl/ the wheels of the transformers / accelerate / peft / huggingface_hub / tokenizers / safetensors
-# versions the project's venv uses (and their small dependencies), and torchao's (--fp8). Every step is
-# tee'd to $OUT/*.log; a step that fails or runs out of time never stops the next one. About 9 minutes in all:
-#   the GPU benchmark (benchmarks/gpu.py, BENCH_SECTIONS=gpu) 300 s, its JSON in $OUT/gpu.json
+# Every step is tee'd to $OUT/*.log; a step that fails or runs out of time never stops the next one. About 9
+# minutes in all:
+#   the GPU benchmark (benchmarks/gpu.py, BENCH_SECTIONS=gpu) 285 s: $OUT/gpu.json, $OUT/benchmarks.md
 #   evaluation with and without --use_hpu_graphs_for_inference (benchmarks/eval_graphs.py) 100 s
-#   the CUDA-relevant tests 130 s (the suite's files that train or wrap on the default device; not the
+#   the CUDA-relevant tests 120 s (the suite's files that train or wrap on the default device; not the
 #   examples, TRL or the CLI, which need datasets, absent there; not the simulator's launch and e2e tests)
 set -u
 OUT=${OUT:-/tmp/device_check}
@@ -42,8 +42,8 @@ EOF
 } 2>&1 | tee "$OUT/versions.log"
 
 elapsed "gpu benchmark"
-PYTHONPATH=$PYTHONPATH:$PWD/.venv-torchao BENCH_SECTIONS=gpu BENCH_GPU_JSON=$OUT/gpu.json BENCH_GPU_BUDGET=285 \
-    timeout 300 python3 benchmarks/run.py 2>&1 | tee "$OUT/bench.log"
+PYTHONPATH=$PYTHONPATH:$PWD/.venv-torchao BENCH_SECTIONS=gpu BENCH_GPU_JSON=$OUT/gpu.json BENCH_GPU_BUDGET=270 \
+    timeout 285 python3 benchmarks/run.py 2>&1 | tee "$OUT/bench.log"
 cp docs/benchmarks.md "$OUT/benchmarks.md" 2>/dev/null
 
 elapsed "evaluation with and without inference graphs"
@@ -53,8 +53,8 @@ elapsed "tests"
 workers=""
 python3 -c "import xdist" 2>/dev/null && workers="-n 8"
 per_test=""
-python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout 100"
-timeout 130 python3 -m pytest -q -p no:cacheprovider $workers $per_test -rfE --junitxml="$OUT/tests.xml" \
+python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout 90"
+timeout 120 python3 -m pytest -q -p no:cacheprovider $workers $per_test -rfE --junitxml="$OUT/tests.xml" \
     tests/test_fp8.py tests/test_cuda_graphs.py tests/test_devices.py tests/test_gpu_benchmark.py \
     tests/test_precision.py tests/test_compilation.py tests/test_compile_args.py tests/test_llm_kernels.py \
     tests/test_static_batch.py tests/test_mixin.py tests/test_graphs.py tests/test_trainer.py \
