@@ -13,13 +13,14 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback
 
-from optimum_gaudi.data.corpus import default_datasets, default_tokenizer, tokenize_and_group
-
 BLOCK_SIZE = 128
 
 
 def lm_data(train_blocks: int, eval_blocks: int, vocab_size: int = 4096):
     """Blocks of the embedded corpus: the same tokens for every variant, so losses compare."""
+    # imported here: the GPU benchmark (random tokens) runs on lent machines without the datasets package
+    from optimum_gaudi.data.corpus import default_datasets, default_tokenizer, tokenize_and_group
+
     tokenizer = default_tokenizer(vocab_size)
     blocks = tokenize_and_group(default_datasets(), tokenizer, BLOCK_SIZE)
     train = blocks["train"].select(range(train_blocks))

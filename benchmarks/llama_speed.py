@@ -26,7 +26,6 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback
 from benchmarks.common import StepClock, in_new_process, markdown_table, median, request_from_argv
 from benchmarks.compile_speed import bf16_matmul_peak
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
-from optimum_gaudi.data.corpus import default_datasets, default_tokenizer, tokenize_and_group
 
 BATCH = 4
 SHAPE = dict(
@@ -61,7 +60,7 @@ def parameters(shape: dict) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def step_flops(shape: dict, sequence: int) -> float:
+def step_flops(shape: dict, sequence: int, batch: int = BATCH) -> float:
     """6 * N * tokens + 12 * layers * sequence * hidden * tokens: N = the parameters that take part in
     matmuls (the blocks' projections and the tied output projection; not the norms); the second term is
     QK^T and AV (forward 2 matmuls of 2 * sequence * hidden FLOPs per token each, backward twice that), the
@@ -70,7 +69,7 @@ def step_flops(shape: dict, sequence: int) -> float:
     kv_width = shape["num_key_value_heads"] * h // shape["num_attention_heads"]
     block = h * h * 2 + h * kv_width * 2 + 3 * h * i  # q, o; k, v; gate, up, down
     n = layers * block + shape["vocab_size"] * h
-    tokens = BATCH * sequence
+    tokens = batch * sequence
     return 6 * n * tokens + 12 * layers * sequence * h * tokens
 
 
@@ -86,6 +85,8 @@ class LastLoss(TrainerCallback):
 
 
 def blocks(count: int, sequence: int, tokenizer_vocab: int):
+    from optimum_gaudi.data.corpus import default_datasets, default_tokenizer, tokenize_and_group  # see lm_data
+
     tokenizer = default_tokenizer(tokenizer_vocab)
     return tokenize_and_group(default_datasets(), tokenizer, sequence)["train"].select(range(count))
 

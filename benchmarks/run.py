@@ -1,7 +1,7 @@
 """`make bench`: run the benchmarks in one process, print the tables, write docs/benchmarks.md.
 
 Each section is one side-by-side run. `BENCH_SECTIONS=compile make bench` reruns only the named sections
-(comma-separated: speed, compile, llama, distributed, allreduce) and replaces just those in docs/benchmarks.md,
+(comma-separated: speed, compile, llama, distributed, allreduce, gpu) and replaces just those in docs/benchmarks.md,
 each section saying when and under what load it was measured.
 """
 
@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from benchmarks import allreduce_model, compile_speed, distributed, llama_speed, train_speed  # noqa: E402
+from benchmarks import allreduce_model, compile_speed, distributed, gpu, llama_speed, train_speed  # noqa: E402
 from benchmarks.common import markdown_table  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -118,13 +118,46 @@ def allreduce_section(quick: bool) -> str:
     return f"## All-reduce at scale: an alpha-beta estimate\n\n{allreduce_model.run()}"
 
 
+def gpu_section(quick: bool) -> str:
+    """Only where a GPU is lent (BENCH_SECTIONS=gpu): the default sections run on the CPU."""
+    tiny = quick or os.environ.get("BENCH_GPU_TINY") == "1"
+    text, r = gpu.run(tiny=tiny, json_path=os.environ.get("BENCH_GPU_JSON"))
+    t = Targets()
+    measured, peak, per_token = r["setups"], r["peak"], r["flops_per_token"]
+    base = measured.get(gpu.BASELINE, {})
+    compiled, flce = measured.get("gaudi_compile", {}), measured.get("gaudi_compile_fp8_flce", {})
+    if "tokens_per_s" in base and "tokens_per_s" in compiled:
+        t.check(
+            "GaudiTrainer + compile / hand-tuned + compile, tokens/s",
+            compiled["tokens_per_s"] / base["tokens_per_s"],
+            1.0,
+        )
+        t.check("GaudiTrainer + compile: MFU", compiled["tokens_per_s"] * per_token / peak, 0.55, "{:.0%}")
+    if "tokens_per_s" in base and "tokens_per_s" in flce:
+        t.check(
+            "+ fp8 + fused linear cross-entropy / hand-tuned + compile, tokens/s",
+            flce["tokens_per_s"] / base["tokens_per_s"],
+            1.25,
+        )
+        if base["peak_memory_gb"] and flce["peak_memory_gb"]:
+            t.check(
+                "+ fp8 + fused linear cross-entropy / hand-tuned + compile, peak memory",
+                flce["peak_memory_gb"] / base["peak_memory_gb"],
+                0.6,
+                at_most=True,
+            )
+    return f"## GPU: a 1B-class Llama, GaudiTrainer against a hand-tuned Trainer\n\n{t.table()}\n\n{text}"
+
+
 SECTIONS = {
     "speed": speed_section,
     "compile": compile_section,
     "llama": llama_section,
     "distributed": distributed_section,
     "allreduce": allreduce_section,
+    "gpu": gpu_section,
 }
+DEFAULT_SECTIONS = ("speed", "compile", "llama", "distributed", "allreduce")  # gpu: only where one is lent
 
 
 def _sections_of(text: str) -> dict[str, str]:
@@ -137,7 +170,7 @@ def main() -> None:
     threads = int(os.environ.get("BENCH_THREADS", os.cpu_count() or 1))
     torch.set_num_threads(threads)
     quick = os.environ.get("BENCH_QUICK") == "1"  # a smoke run of the benchmark code, not for the docs
-    wanted = os.environ.get("BENCH_SECTIONS", ",".join(SECTIONS)).split(",")
+    wanted = os.environ.get("BENCH_SECTIONS", ",".join(DEFAULT_SECTIONS)).split(",")
     unknown = [name for name in wanted if name not in SECTIONS]
     if unknown:
         sys.exit(f"BENCH_SECTIONS: unknown section(s) {unknown}; choose from {', '.join(SECTIONS)}.")

@@ -3,6 +3,7 @@ import sys
 
 import pytest
 import torch
+from conftest import FALLBACK_DEVICE
 
 from optimum_gaudi import GaudiTrainingArguments
 from optimum_gaudi.devices import FEATURES, CPUDevice, CUDADevice, HPUDevice, NoGaudiError, detect_device
@@ -16,12 +17,8 @@ def no_gaudi(monkeypatch):
     monkeypatch.setattr("optimum_gaudi.devices.hpu_available", lambda: False)
 
 
-def expected_fallback():
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def test_detects_best_available_device_without_gaudi(no_gaudi):
-    assert detect_device().type == expected_fallback()
+    assert detect_device().type == FALLBACK_DEVICE
     assert detect_device(use_cpu=True).type == "cpu"
 
 
@@ -30,7 +27,7 @@ def test_use_habana_without_gaudi_falls_back_with_one_warning(no_gaudi, tmp_path
         args = GaudiTrainingArguments(output_dir=str(tmp_path), use_habana=True, report_to=[])
     warnings = [r for r in caplog.records if "no Gaudi is available" in r.getMessage()]
     assert len(warnings) == 1
-    assert args.gaudi_device.type == expected_fallback() == args.device.type
+    assert args.gaudi_device.type == FALLBACK_DEVICE == args.device.type
 
 
 def test_without_use_habana_there_is_no_warning(no_gaudi, caplog):

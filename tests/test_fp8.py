@@ -20,6 +20,7 @@ from conftest import GAUDI_SOFTWARE, has_torchao
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from optimum_gaudi import GaudiArgumentError, GaudiTrainer, GaudiTrainingArguments
+from optimum_gaudi.devices import detect_device
 from optimum_gaudi.devices.cuda import CUDADevice
 from optimum_gaudi.features.fp8 import eligible_linears
 
@@ -80,7 +81,8 @@ def test_fp8_on_cpu_trains_a_llama_in_float8_close_to_bf16(tmp_path, torchao):
 def test_fp8_without_torchao_is_one_line(tmp_path, monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
-    with pytest.raises(GaudiArgumentError, match=r"^--fp8 on CPU uses torchao's float8 training: pip install"):
+    device = detect_device().type.upper()  # CPU here, CUDA on a machine with a GPU
+    with pytest.raises(GaudiArgumentError, match=rf"^--fp8 on {device} uses torchao's float8 training: pip install"):
         GaudiTrainingArguments(output_dir=str(tmp_path), fp8=True, report_to=[])
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAKES, GAUDI_SOFTWARE
+from conftest import FAKES, FALLBACK_DEVICE, GAUDI_SOFTWARE
 
 from optimum_gaudi import GaudiArgumentError, GaudiConfig, GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.devices import HPUDevice
@@ -319,7 +319,7 @@ def test_a_bridge_that_fails_to_load_falls_back_with_one_line(bridge, monkeypatc
 
     monkeypatch.setenv(variable, value)
     with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
-        assert detect_device(use_habana=True).type == "cpu"
+        assert detect_device(use_habana=True).type == FALLBACK_DEVICE
     assert error in unavailable_reason()
     lines = [r.getMessage() for r in caplog.records if "cannot load" in r.getMessage()]
     assert len(lines) == 1 and "\n" not in lines[0]

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, fields
 import pytest
 import torch
 from accelerate.state import AcceleratorState
+from conftest import FALLBACK_DEVICE
 from tiny import losses
 from transformers import Trainer, TrainingArguments
 
@@ -142,7 +143,8 @@ def test_arguments_mixin_composes_fields_validation_and_post_init(tmp_path):
     args = GaudiMyArguments(output_dir=str(tmp_path), smoothing=0.3, use_habana=True, throughput_warmup_steps=2)
     assert isinstance(args, MyArguments) and isinstance(args, GaudiTrainingArgumentsMixin)
     assert args.smoothing == 0.3 and args.gaudi_flags()["throughput_warmup_steps"] == 2
-    assert args.gaudi_device.type == "cpu" and args.use_cpu  # the mixin's __post_init__ ran, then the parent's
+    assert args.gaudi_device.type == FALLBACK_DEVICE  # the mixin's __post_init__ ran, then the parent's
+    assert args.use_cpu == (FALLBACK_DEVICE == "cpu")
     names = {f.name for f in fields(GaudiMyArguments)}
     assert {"smoothing", "use_lazy_mode", "learning_rate"} <= names
     from optimum_gaudi.trainers.removed_args import RemovedTrainingArguments

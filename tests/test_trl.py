@@ -9,6 +9,7 @@ import torch
 
 trl = pytest.importorskip("trl")
 
+from conftest import FALLBACK_DEVICE  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from optimum_gaudi.trl import (  # noqa: E402
     GaudiDPOConfig,
@@ -159,4 +160,4 @@ def test_trl_configs_parse_gaudi_and_trl_flags_from_the_command_line(tmp_path):
     argv = ["--output_dir", str(tmp_path), "--max_length", "32", "--throughput_warmup_steps", "2", "--use_habana"]
     (config,) = HfArgumentParser(GaudiSFTConfig).parse_args_into_dataclasses(argv + ["--bf16", "false"])
     assert config.max_length == 32 and config.throughput_warmup_steps == 2 and config.use_habana
-    assert config.gaudi_device.type == "cpu"  # no Gaudi here: falls back, as GaudiTrainingArguments does
+    assert config.gaudi_device.type == FALLBACK_DEVICE  # no Gaudi here: falls back, as GaudiTrainingArguments does
