@@ -2,11 +2,12 @@
 # The one prepared call on a lent GPU machine (no network; its own torch, which stays). From the repository root,
 # with .whl/ filled by tests/scripts/device_wheels.sh (git-ignored, so the call carries it: carry [".whl"]):
 #     bash tests/scripts/device_check.sh
-# Every step is tee'd to $OUT/*.log; a step that fails or runs out of time never stops the next one. About 9
+# Every step is tee'd to $OUT/*.log (8 files at most come back: steps.log, bench.log, gpu.json, benchmarks.md,
+# eval_graphs.log/.json, tests_cuda.log, tests.log); a step that fails or runs out of time never stops the next one. About 9
 # minutes in all:
-#   the GPU benchmark (benchmarks/gpu.py, BENCH_SECTIONS=gpu) 285 s: $OUT/gpu.json, $OUT/benchmarks.md
-#   evaluation with and without --use_hpu_graphs_for_inference (benchmarks/eval_graphs.py) 100 s
-#   the CUDA-relevant tests 120 s (the suite's files that train or wrap on the default device; not the
+#   the GPU benchmark (benchmarks/gpu.py, BENCH_SECTIONS=gpu) 270 s: $OUT/gpu.json, $OUT/benchmarks.md
+#   evaluation with and without --use_hpu_graphs_for_inference (benchmarks/eval_graphs.py) 90 s
+#   the CUDA-relevant tests 165 s (the suite's files that train or wrap on the default device; not the
 #   examples, TRL or the CLI, which need datasets, absent there; not the simulator's launch and e2e tests)
 set -u
 OUT=${OUT:-/tmp/device_check}
@@ -16,11 +17,11 @@ elapsed() { echo "== $1 at $(($(date +%s) - start)) s" | tee -a "$OUT/steps.log"
 
 elapsed "install"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    $(ls .whl/*.whl | grep -v torchao) 2>&1 | tail -5 | tee "$OUT/install.log"
+    $(ls .whl/*.whl | grep -v torchao) 2>&1 | tail -5 | tee -a "$OUT/steps.log"
 # torchao beside the rest, as the Makefile's .venv-torchao: tests/conftest.py adds it where a test needs it
 # (imported by transformers, it logs in every process, which the one-line error tests would see)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .venv-torchao \
-    .whl/torchao-*.whl 2>&1 | tail -5 | tee -a "$OUT/install.log"
+    .whl/torchao-*.whl 2>&1 | tail -5 | tee -a "$OUT/steps.log"
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 elapsed "versions"
@@ -39,26 +40,30 @@ for name in ("transformers", "accelerate", "peft", "huggingface_hub", "tokenizer
 import optimum_gaudi, transformers
 print("optimum_gaudi from", optimum_gaudi.__file__, "transformers from", transformers.__file__)
 EOF
-} 2>&1 | tee "$OUT/versions.log"
+} 2>&1 | tee -a "$OUT/steps.log"
 
 elapsed "gpu benchmark"
-PYTHONPATH=$PYTHONPATH:$PWD/.venv-torchao BENCH_SECTIONS=gpu BENCH_GPU_JSON=$OUT/gpu.json BENCH_GPU_BUDGET=270 \
-    timeout 285 python3 benchmarks/run.py 2>&1 | tee "$OUT/bench.log"
+PYTHONPATH=$PYTHONPATH:$PWD/.venv-torchao BENCH_SECTIONS=gpu BENCH_GPU_JSON=$OUT/gpu.json BENCH_GPU_BUDGET=255 \
+    timeout 270 python3 benchmarks/run.py 2>&1 | tee "$OUT/bench.log"
 cp docs/benchmarks.md "$OUT/benchmarks.md" 2>/dev/null
 
 elapsed "evaluation with and without inference graphs"
-BENCH_GPU_EVAL_JSON=$OUT/eval_graphs.json timeout 100 python3 -m benchmarks.eval_graphs 2>&1 | tee "$OUT/eval_graphs.log"
+BENCH_GPU_EVAL_JSON=$OUT/eval_graphs.json timeout 90 python3 -m benchmarks.eval_graphs 2>&1 | tee "$OUT/eval_graphs.log"
 
 elapsed "tests"
 workers=""
 python3 -c "import xdist" 2>/dev/null && workers="-n 8"
 per_test=""
-python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout 90"
-timeout 120 python3 -m pytest -q -p no:cacheprovider $workers $per_test -rfE --junitxml="$OUT/tests.xml" \
-    tests/test_fp8.py tests/test_cuda_graphs.py tests/test_devices.py tests/test_gpu_benchmark.py \
+python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout 60"
+# first the tests that exercise CUDA itself, then the files that train on the default device (the GPU here)
+timeout 75 python3 -m pytest -q -p no:cacheprovider $workers $per_test -rfE \
+    tests/test_cuda_graphs.py tests/test_fp8.py tests/test_gradient_checkpointing.py tests/test_devices.py \
+    tests/test_gpu_benchmark.py > "$OUT/tests_cuda.log" 2>&1
+tail -40 "$OUT/tests_cuda.log"
+timeout 90 python3 -m pytest -q -p no:cacheprovider $workers $per_test -rfE \
     tests/test_precision.py tests/test_compilation.py tests/test_compile_args.py tests/test_llm_kernels.py \
     tests/test_static_batch.py tests/test_mixin.py tests/test_graphs.py tests/test_trainer.py \
     > "$OUT/tests.log" 2>&1
-tail -60 "$OUT/tests.log"
+tail -40 "$OUT/tests.log"
 
 elapsed "done"
