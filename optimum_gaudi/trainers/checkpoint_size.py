@@ -101,8 +101,11 @@ def check_room_for_a_checkpoint(trainer: Any) -> None:
         )
         return
     parts = f"weights {_mib(size.weights)}" + (f", optimizer state {_mib(size.optimizer)}" if size.optimizer else "")
+    if size.optimizer and size.weights <= free:
+        remedy = "free some space, choose another --output_dir, or add --save_only_model (weights only: no resuming)"
+    else:
+        remedy = "free some space or choose another --output_dir"
     raise UserError(
         f"--output_dir {args.output_dir}: one checkpoint needs at least {_mib(size.total)} ({parts}) and only "
-        f"{_mib(free)} is free there; free some space, choose another --output_dir, or save less "
-        "(--save_only_model, --save_strategy no)."
+        f"{_mib(free)} is free there; {remedy}."
     )
