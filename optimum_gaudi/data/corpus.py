@@ -27,7 +27,6 @@ from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict
 from transformers import PreTrainedTokenizerFast
@@ -229,7 +228,7 @@ def _tokenize_fn(tokenizer: PreTrainedTokenizerFast, text_column: str) -> Callab
 def _group_fn(block_size: int) -> Callable[[dict], dict]:
     def group(batch: dict[str, list]) -> dict[str, list]:
         stream = list(chain.from_iterable(batch["input_ids"]))
-        usable = len(stream) - len(stream) % block_size  # the ragged tail of each batch is dropped
+        usable = len(stream) - len(stream) % block_size  # the ragged tail of each map batch is dropped
         blocks = [stream[i : i + block_size] for i in range(0, usable, block_size)]
         return {"input_ids": blocks, "attention_mask": [[1] * block_size for _ in blocks], "labels": blocks}
 
@@ -273,8 +272,8 @@ def tokenize_and_group(
     )
     for split in required:
         if len(blocks[split]) == 0:
-            lengths = pc.list_value_length(tokenized[split].with_format("arrow")["input_ids"])
-            raise DataError(_short_of_a_block(split, block_size, lengths.fill_null(0).to_numpy(), "tokens"))
+            sums = _batch_sums(tokenized[split], lambda batch: pc.list_value_length(batch["input_ids"]))
+            raise DataError(_short_of_a_block(split, block_size, sums, "tokens"))
     return blocks
 
 
@@ -282,25 +281,28 @@ def check_text_fills_a_block(texts: Dataset, text_column: str, block_size: int, 
     """Before tokenizing: raise DataError when ``texts`` cannot give one block of ``block_size`` tokens with any
     tokenizer. Every token covers at least one byte of text, except a prefix token per text (SentencePiece's) and
     the eos added per text, so a text of n bytes makes at most n + 2 tokens; a block never spans two batches."""
-    column = texts.with_format("arrow")[text_column]
-    bound = pc.binary_length(column).fill_null(0).to_numpy() + 2
-    problem = _short_of_a_block(split, block_size, bound, "tokens at most")
+    sums = _batch_sums(texts, lambda batch: pc.add(pc.binary_length(batch[text_column]).fill_null(0), 2))
+    problem = _short_of_a_block(split, block_size, sums, "tokens at most")
     if problem is not None:
         raise DataError(problem)
 
 
-def _short_of_a_block(split: str, block_size: int, lengths: np.ndarray, unit: str) -> str | None:
-    """Why no block of ``block_size`` comes from texts of these token counts (None: one does), in one line."""
-    starts = np.arange(0, len(lengths), GROUP_BATCH_TEXTS)
-    largest = int(np.add.reduceat(lengths, starts).max()) if len(lengths) else 0
-    if largest >= block_size:
+def _batch_sums(dataset: Dataset, lengths: Callable[[Any], Any]) -> list[int]:
+    """The sum of ``lengths(batch)`` (an Arrow array per row) over each batch of rows that is cut into blocks; read
+    batch by batch, so that a split of a large dataset is not copied whole."""
+    batches = dataset.with_format("arrow").iter(batch_size=GROUP_BATCH_TEXTS)
+    return [pc.sum(lengths(batch)).as_py() or 0 for batch in batches]
+
+
+def _short_of_a_block(split: str, block_size: int, sums: list[int], unit: str) -> str | None:
+    """Why no block of ``block_size`` comes from batches of these token counts (None: one does), in one line."""
+    if max(sums, default=0) >= block_size:
         return None
-    total = int(lengths.sum())
-    if total < block_size:
-        return f"the {split} text has {total:,} {unit}, fewer than --block_size={block_size}; lower --block_size."
+    if sum(sums) < block_size:
+        return f"the {split} text has {sum(sums):,} {unit}, fewer than --block_size={block_size}; lower --block_size."
     return (
-        f"the {split} text has {total:,} {unit}, but a block never spans two batches of {GROUP_BATCH_TEXTS} texts "
-        f"and the largest batch has {largest:,}, fewer than --block_size={block_size}; lower --block_size."
+        f"the {split} text has {sum(sums):,} {unit}, but a block never spans two batches of {GROUP_BATCH_TEXTS} texts "
+        f"and the largest batch has {max(sums):,}, fewer than --block_size={block_size}; lower --block_size."
     )
 
 
