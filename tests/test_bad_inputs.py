@@ -46,6 +46,10 @@ def _load_run_clm():
 run_clm = _load_run_clm()
 
 
+# The tiny model without its 64 positions: from scratch they grow to --block_size.
+LONG_POSITIONS = ["--config_overrides", "n_layer=1,n_embd=16,n_head=2"]
+
+
 def corpus(lines: int = 120) -> str:
     return "\n".join(" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(24)) for i in range(lines))
 
@@ -444,8 +448,18 @@ CASES = [
     ),  # fmt: skip
     P(
         lambda w: [*w.base, "--do_eval", "--validation_file", w.write("v.txt", "tiny")],
-        "validation text has fewer than --block_size",
+        "the validation text has 6 tokens at most, fewer than --block_size=32",
         id="validation-too-short",
+    ),  # fmt: skip
+    P(
+        lambda w: [*w.base, *LONG_POSITIONS, "--train_file", w.write("s.txt", "a b\n" * 2500), "--block_size", "7000"],
+        "has 14,250 tokens at most, but a block never spans two batches of 1000 texts and the largest batch has 6,000",
+        id="batches-too-short-in-bytes",
+    ),  # fmt: skip
+    P(
+        lambda w: [*w.base, *LONG_POSITIONS, "--train_file", w.write("l.txt", corpus(2500)), "--block_size", "30000"],
+        "tokens, but a block never spans two batches of 1000 texts and the largest batch has",
+        id="batches-too-short-in-tokens",
     ),  # fmt: skip
     P(
         lambda w: [*w.base, "--do_eval", "--validation_split_percentage", "0"],
@@ -592,6 +606,28 @@ def test_bad_input_is_one_line_and_leaves_no_output(ws, capsys, make_argv, words
     assert snapshot(ws.out) == before
 
 
+# Mistakes in the data, found before a model is built (and before any text is tokenized).
+DATA_MISTAKES = {
+    "csv-no-text-column",
+    "jsonl-no-text-column",
+    "text-column-name-wrong",
+    "text-column-of-ids",
+    "jsonl-mixed",
+    "csv-broken",
+    "too-small-to-split",
+    "text-shorter-than-block",
+    "validation-too-short",
+    "batches-too-short-in-bytes",
+    "eval-without-validation",
+}
+
+
+@pytest.mark.parametrize("make_argv, words", [case for case in CASES if case.id in DATA_MISTAKES])
+def test_data_mistakes_come_before_the_model_is_built(ws, capsys, monkeypatch, make_argv, words):
+    monkeypatch.setattr(run_clm, "load_model", lambda *a, **k: pytest.fail("the model was built first"))
+    assert_one_line(call_main(run_clm.main, make_argv(ws)), capsys.readouterr().err, words)
+
+
 def test_resume_from_an_empty_directory(ws, capsys):
     (ws.root / "empty").mkdir()
     code = call_main(run_clm.main, [*ws.base, "--resume_from_checkpoint", str(ws.root / "empty")])
@@ -643,11 +679,12 @@ def test_overwrite_output_dir_with_a_bad_input_deletes_nothing(ws, capsys):
 
 
 @pytest.mark.parametrize("integration", ["tensorboard", "wandb", "mlflow"])
-def test_report_to_a_missing_integration_names_the_pip_line(ws, capsys, integration):
+def test_report_to_a_missing_integration_names_the_pip_line(ws, capsys, monkeypatch, integration):
     from transformers.integrations import get_available_reporting_integrations
 
     if integration in get_available_reporting_integrations():
         pytest.skip(f"{integration} is installed here")
+    monkeypatch.setattr(run_clm, "load_tokenizer", lambda *a, **k: pytest.fail("work began before the check"))
     code = call_main(run_clm.main, [*ws.base, "--report_to", integration])
     line = assert_one_line(code, capsys.readouterr().err, f"--report_to {integration} needs {integration}")
     assert "pip install" in line
@@ -682,6 +719,17 @@ def test_output_dir_on_a_full_disk(ws, capsys, monkeypatch):
     monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 4096))
     code = call_main(run_clm.main, ws.base)
     assert_one_line(code, capsys.readouterr().err, "the disk is full (4 KiB free)")
+    assert not ws.out.exists()
+
+
+def test_output_dir_too_small_for_one_checkpoint_is_refused_before_step_1(ws, capsys, monkeypatch):
+    """2 MiB free (more than the full-disk check's 1 MiB) for a model whose checkpoint takes 4.7 MiB."""
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 10**12, 2 * 2**20))
+    monkeypatch.setattr(run_clm.GaudiTrainer, "training_step", lambda *a, **k: pytest.fail("a training step ran"))
+    wide = "n_layer=2,n_embd=128,n_head=2,n_positions=64"
+    argv = [*ws.base, "--config_overrides", wide, "--save_strategy", "steps"]
+    line = assert_one_line(call_main(run_clm.main, argv), capsys.readouterr().err, "one checkpoint needs at least")
+    assert "only 2.0 MiB is free" in line
     assert not ws.out.exists()
 
 

@@ -433,17 +433,21 @@ def _refused_before_data(main, argv, words, capsys):
 
 
 @pytest.mark.parametrize("mistake", ["missing", "empty", "truncated", "another model", "true, none there"])
-def test_run_clm_resume_mistakes_end_before_any_data_is_read(
+def test_run_clm_resume_mistakes_end_before_any_data_is_read_or_tokenized(
     mistake, tmp_path, monkeypatch, capsys, other_models_checkpoint, cache
 ):
+    """Before the data is read; a checkpoint of another model, which takes the model, built once the data's columns
+    and rows are checked, before any text is tokenized."""
     sys.path.insert(0, str(EXAMPLES / "language-modeling"))
     import run_clm
 
     def no_data(*args, **kwargs):
-        raise AssertionError("the data was read before the resume problem was found")
+        raise AssertionError("the data was read or tokenized before the resume problem was found")
 
     monkeypatch.setenv("OPTIMUM_GAUDI_CACHE", str(cache))
-    monkeypatch.setattr(run_clm, "load_raw_datasets", no_data)
+    monkeypatch.setattr(run_clm, "tokenize_and_group", no_data)
+    if mistake != "another model":
+        monkeypatch.setattr(run_clm, "load_raw_datasets", no_data)
     resume, words = _resume_mistakes(tmp_path, other_models_checkpoint)[mistake]
     argv = ["--do_train", "--output_dir", str(tmp_path / "out"), "--resume_from_checkpoint", *resume, *QUIET]
     _refused_before_data(run_clm.main, argv, words, capsys)

@@ -65,12 +65,14 @@ from optimum_gaudi.checkpoints import (
 from optimum_gaudi.configuration.hub import require_hub
 from optimum_gaudi.data.corpus import (
     check_text_file,
+    check_text_fills_a_block,
     default_datasets,
     default_tokenizer,
     find_text_column,
     tokenize_and_group,
 )
 from optimum_gaudi.errors import UserError, exception_chain, one_line, quiet_argparse_errors, run_main
+from optimum_gaudi.trainers.training_args import check_report_to
 
 logger = logging.getLogger(__name__)
 
@@ -530,14 +532,11 @@ def build_trainer(
     config, user_keys = load_config(model_args, tokenizer)
     from_scratch = model_args.model_name_or_path is None
     block_size = resolve_block_size(data_args, tokenizer, config, from_scratch, user_keys)
+    raw, column, splits = load_texts(data_args, model_args, training_args, block_size)  # data mistakes first
     model = load_model(model_args, config, tokenizer)
     if wrap_model is not None:
         model = wrap_model(model)
-    check_resume_before_data(training_args, model)  # a checkpoint of another model, before any data is read
-    raw, column = load_raw_datasets(data_args, model_args, training_args.seed)
-    logger.info("Texts: %s", {split: len(texts) for split, texts in raw.items()})
-    if training_args.do_eval and "validation" not in raw:
-        raise UsageError("--do_eval needs validation data: --validation_file or --validation_split_percentage > 0.")
+    check_resume_before_data(training_args, model)  # a checkpoint of another model, before tokenizing
 
     with training_args.main_process_first(desc="tokenizing"):
         blocks = tokenize_and_group(
@@ -547,6 +546,7 @@ def build_trainer(
             text_column=column,
             num_proc=data_args.preprocessing_num_workers,
             load_from_cache_file=not data_args.overwrite_cache,
+            required=splits,
         )
     logger.info("Blocks of %d tokens: %s", block_size, {split: len(b) for split, b in blocks.items()})
     train_dataset = _take(blocks, "train", data_args.max_train_samples, block_size) if training_args.do_train else None
@@ -561,6 +561,24 @@ def build_trainer(
         processing_class=tokenizer,
         data_collator=default_data_collator,  # blocks are equal-length already: no padding
     )
+
+
+def load_texts(
+    data_args: DataTrainingArguments,
+    model_args: ModelArguments,
+    training_args: TrainingArguments,
+    block_size: int | None,
+) -> tuple[DatasetDict, str, list[str]]:
+    """:func:`load_raw_datasets` and the splits the run uses (train, validation), each checked to be long enough
+    for one block of `block_size` tokens (None: no blocks cut), before a model is built or a text tokenized."""
+    raw, column = load_raw_datasets(data_args, model_args, training_args.seed)
+    logger.info("Texts: %s", {split: len(texts) for split, texts in raw.items()})
+    if training_args.do_eval and "validation" not in raw:
+        raise UsageError("--do_eval needs validation data: --validation_file or --validation_split_percentage > 0.")
+    splits = [name for name, used in (("train", training_args.do_train), ("validation", training_args.do_eval)) if used]
+    for split in splits if block_size is not None else ():
+        check_text_fills_a_block(raw[split], column, block_size, split)
+    return raw, column, splits
 
 
 def _take(blocks: DatasetDict, split: str, limit: int | None, block_size: int) -> datasets.Dataset:
@@ -630,13 +648,14 @@ def run_example(
     build_trainer: Callable[..., GaudiTrainer],
     train_and_evaluate: Callable[[GaudiTrainer], dict[str, float]] = train_and_evaluate,
 ) -> dict[str, float]:
-    """Every example's main: parse `argv` into `groups`, set up logging, check --output_dir, then
+    """Every example's main: parse `argv` into `groups`, set up logging, check --report_to and --output_dir, then
     ``build_trainer(*parsed)`` and `train_and_evaluate` inside an OutputDirGuard, so that in every example
     another run's checkpoints are refused and a bad input leaves --output_dir as it was."""
     parsed = parse_args(argv, groups)
     training_args = next(group for group in parsed if isinstance(group, TrainingArguments))
     setup_logging(training_args)
     logging.getLogger(build_trainer.__module__).setLevel(logger.level)  # the example's own messages too
+    check_report_to(training_args)  # a --report_to integration not installed, before any data or model
     check_output_dir(training_args)
     check_resume_before_data(training_args)  # a missing or incomplete checkpoint, before any data is read
     with OutputDirGuard(training_args.output_dir, enabled=training_args.should_save) as guard:

@@ -136,11 +136,10 @@ def build_trainer(
     tokenizer = load_mlm_tokenizer(model_args)
     config, user_keys = run_clm.load_config(model_args, tokenizer)
     block_size = run_clm.resolve_block_size(data_args, tokenizer, config, not model_args.model_name_or_path, user_keys)
+    blocks = None if data_args.line_by_line else block_size  # data mistakes before the model is built
+    raw, column, splits = run_clm.load_texts(data_args, model_args, training_args, blocks)
     model = run_clm.load_model(model_args, config, tokenizer, AutoModelForMaskedLM)
-    check_resume_before_data(training_args, model)  # a checkpoint of another model, before any data is read
-    raw, column = run_clm.load_raw_datasets(data_args, model_args, training_args.seed)
-    if training_args.do_eval and "validation" not in raw:
-        raise UsageError("--do_eval needs validation data: --validation_file or --validation_split_percentage > 0.")
+    check_resume_before_data(training_args, model)  # a checkpoint of another model, before tokenizing
 
     with training_args.main_process_first(desc="tokenizing"):
         if data_args.line_by_line:
@@ -153,6 +152,7 @@ def build_trainer(
                 text_column=column,
                 num_proc=data_args.preprocessing_num_workers,
                 load_from_cache_file=not data_args.overwrite_cache,
+                required=splits,
             ).remove_columns("labels")  # the collator makes the MLM labels
     logger.info("Examples of up to %d tokens: %s", block_size, {split: len(e) for split, e in examples.items()})
     collator = DataCollatorForLanguageModeling(

@@ -22,11 +22,12 @@ import sys
 import sysconfig
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
 from datasets import Dataset, DatasetDict
 from transformers import PreTrainedTokenizerFast
 
@@ -42,6 +43,7 @@ _MIN_DOC_CHARS = 40
 # Directories of the standard library that are not prose about the library: tests, an IDE, a dead tool.
 _SKIP_DIRS = frozenset({"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "__pycache__"})
 _DOC_NODES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+GROUP_BATCH_TEXTS = 1000  # texts per batch when cutting blocks: a block never spans two batches
 
 
 class DataError(UserError, ValueError):
@@ -240,11 +242,13 @@ def tokenize_and_group(
     text_column: str | None = None,
     num_proc: int | None = None,
     load_from_cache_file: bool = True,
+    required: Collection[str] = (),
 ) -> DatasetDict | Dataset:
     """Tokenize texts and cut the token stream into ``block_size`` blocks with ``labels = input_ids``.
 
     Causal LM training wants full, equal-length blocks: no padding, no wasted compute, static shapes (which
-    Gaudi's graph caching needs). The model shifts the labels itself.
+    Gaudi's graph caching needs). The model shifts the labels itself. Each split of a DatasetDict named in
+    ``required`` must give at least one block, else DataError says why (its tokens, counted by batch).
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}.")
@@ -258,12 +262,47 @@ def tokenize_and_group(
         load_from_cache_file=load_from_cache_file,
         desc="Tokenizing",
     )
-    return tokenized.map(
+    blocks = tokenized.map(
         _group_fn(block_size),
         batched=True,
+        batch_size=GROUP_BATCH_TEXTS,
         num_proc=num_proc,
         load_from_cache_file=load_from_cache_file,
         desc=f"Grouping into blocks of {block_size}",
+    )
+    for split in required:
+        if len(blocks[split]) == 0:
+            sums = _batch_sums(tokenized[split], lambda batch: pc.list_value_length(batch["input_ids"]))
+            raise DataError(_short_of_a_block(split, block_size, sums, "tokens"))
+    return blocks
+
+
+def check_text_fills_a_block(texts: Dataset, text_column: str, block_size: int, split: str) -> None:
+    """Before tokenizing: raise DataError when ``texts`` cannot give one block of ``block_size`` tokens with any
+    tokenizer. Every token covers at least one byte of text, except a prefix token per text (SentencePiece's) and
+    the eos added per text, so a text of n bytes makes at most n + 2 tokens; a block never spans two batches."""
+    sums = _batch_sums(texts, lambda batch: pc.add(pc.binary_length(batch[text_column]).fill_null(0), 2))
+    problem = _short_of_a_block(split, block_size, sums, "tokens at most")
+    if problem is not None:
+        raise DataError(problem)
+
+
+def _batch_sums(dataset: Dataset, lengths: Callable[[Any], Any]) -> list[int]:
+    """The sum of ``lengths(batch)`` (an Arrow array per row) over each batch of rows that is cut into blocks; read
+    batch by batch, so that a split of a large dataset is not copied whole."""
+    batches = dataset.with_format("arrow").iter(batch_size=GROUP_BATCH_TEXTS)
+    return [pc.sum(lengths(batch)).as_py() or 0 for batch in batches]
+
+
+def _short_of_a_block(split: str, block_size: int, sums: list[int], unit: str) -> str | None:
+    """Why no block of ``block_size`` comes from batches of these token counts (None: one does), in one line."""
+    if max(sums, default=0) >= block_size:
+        return None
+    if sum(sums) < block_size:
+        return f"the {split} text has {sum(sums):,} {unit}, fewer than --block_size={block_size}; lower --block_size."
+    return (
+        f"the {split} text has {sum(sums):,} {unit}, but a block never spans two batches of {GROUP_BATCH_TEXTS} texts "
+        f"and the largest batch has {max(sums):,}, fewer than --block_size={block_size}; lower --block_size."
     )
 
 

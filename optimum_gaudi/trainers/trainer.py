@@ -54,6 +54,7 @@ from ..features.profiling import EvaluationProfiler, GaudiProfilerCallback
 from ..features.static_batches import StaticRows
 from ..features.table import feature_table
 from ..features.unused_parameters import unused_parameters
+from .checkpoint_size import check_room_for_a_checkpoint
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .events import InternalCallbackHandler
 from .preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
@@ -579,6 +580,7 @@ class GaudiTrainerMixin(TrainerShims):
             warn_if_pickles_are_unsafe_here(checkpoint)
         elif self.args.overwrite_output_dir and self.args.should_save:
             remove_previous_checkpoints(self.args.output_dir)
+        check_room_for_a_checkpoint(self)  # a disk too small for one checkpoint: one line before step 1
         preemption = Preemption()
         self.add_callback(preemption)
         try:
