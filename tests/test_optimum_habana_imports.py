@@ -212,5 +212,6 @@ def test_the_examples_extra_installs_every_module_the_examples_import(source):
     assert missing == {}, f"setup.py's examples extra lacks {missing}"
 
 
-def test_the_doc_gives_the_examples_install_line():
-    assert "pip install 'optimum-gaudi[examples]'" in DOC
+@pytest.mark.parametrize("doc", ["docs/optimum-habana.md", "README.md"])
+def test_the_docs_give_the_examples_install_line(doc):
+    assert "pip install 'optimum-gaudi[examples]'" in (REPO / doc).read_text(encoding="utf-8")

@@ -2,7 +2,10 @@
 ``use_cache`` field too. The two parse in one HfArgumentParser, and ``GaudiTrainingArguments(use_cache=...)``
 still means what it means on transformers 5 (issue 32, point 2)."""
 
+import importlib
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from transformers import HfArgumentParser, Trainer, TrainingArguments
@@ -73,3 +76,29 @@ def test_plain_trainer_with_transformers_arguments_is_unchanged(tmp_path, tiny_g
     model = tiny_gpt2()
     Trainer(model=model, args=args)
     assert model.config.use_cache is True
+
+
+def load_run_clm():
+    """The example as the other examples import it (its folder on sys.path)."""
+    folder = str(Path(__file__).resolve().parents[1] / "examples" / "language-modeling")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module("run_clm")
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"), [([], None), (["--use_cache", "True"], True), (["--use_cache", "False"], False)]
+)
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_examples_use_cache_reaches_the_config_and_the_training_arguments(tmp_path, flags, expected, checkpointing):
+    run_clm = load_run_clm()
+    argv = ["--output_dir", str(tmp_path), *flags] + (["--gradient_checkpointing"] if checkpointing else [])
+    model_args, _, training_args = run_clm.parse_args(argv)
+    run_clm.settle_use_cache(model_args, training_args)
+    if expected is not None:
+        expected = expected and not checkpointing
+    assert model_args.use_cache is expected
+    if TRAINING_ARGUMENTS_HAVE_USE_CACHE:
+        assert training_args.use_cache is bool(expected)  # unset: transformers 5's default, off
+    config, _ = run_clm.load_config(model_args, run_clm.load_tokenizer(model_args))
+    assert config.use_cache is (True if expected is None else expected)  # unset: the model config's own
