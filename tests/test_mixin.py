@@ -148,8 +148,10 @@ def test_arguments_mixin_composes_fields_validation_and_post_init(tmp_path):
     names = {f.name for f in fields(GaudiMyArguments)}
     assert {"smoothing", "use_lazy_mode", "learning_rate"} <= names
     from optimum_gaudi.trainers.removed_args import RemovedTrainingArguments
+    from optimum_gaudi.trainers.use_cache import UseCacheOffTheCommandLine
 
-    removed = {f.name for f in fields(RemovedTrainingArguments)}  # transformers 4 arguments, not Gaudi flags
+    # transformers 4 arguments and transformers 5's use_cache are not Gaudi flags
+    removed = {f.name for f in (*fields(RemovedTrainingArguments), *fields(UseCacheOffTheCommandLine))}
     assert set(args.gaudi_flags()) == {f.name for f in fields(GaudiTrainingArgumentsMixin)} - removed
     with pytest.raises(GaudiArgumentError, match="pipelining_fwd_bwd"):
         GaudiMyArguments(output_dir=str(tmp_path), pipelining_fwd_bwd=True)

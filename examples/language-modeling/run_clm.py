@@ -121,6 +121,13 @@ class ModelArguments:
             "choices": ["auto", "bfloat16", "float16", "float32"],
         },
     )
+    use_cache: bool | None = field(
+        default=None,
+        metadata={
+            "help": "The model's key/value cache (off with --gradient_checkpointing). Unset: the model config's "
+            "own on transformers 4, the Trainer's (off) on transformers 5."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.config_overrides and self.model_name_or_path:
@@ -415,6 +422,8 @@ def load_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) 
             "No --model_name_or_path or --model_type: training a small %s model from scratch.", DEFAULT_MODEL_TYPE
         )
         config = CONFIG_MAPPING[DEFAULT_MODEL_TYPE](**DEFAULT_MODEL_SHAPE)
+    if model_args.use_cache is not None:
+        config.use_cache = model_args.use_cache
     if model_args.model_name_or_path:
         return config, set()
     # From scratch: the embedding must cover the tokenizer, and generation must know its special tokens.
@@ -642,6 +651,17 @@ def setup_logging(training_args: GaudiTrainingArguments) -> None:
     transformers.utils.logging.enable_explicit_format()
 
 
+def settle_use_cache(model_args: ModelArguments, training_args: TrainingArguments) -> None:
+    """``--use_cache`` is the script's, as in optimum-habana's (GaudiTrainingArguments keeps transformers 5's
+    ``use_cache`` off the command line). transformers 5's Trainer copies the training arguments' ``use_cache``
+    into the model config, so a value given goes there too; never on with gradient checkpointing."""
+    if model_args.use_cache is None:
+        return
+    model_args.use_cache = model_args.use_cache and not training_args.gradient_checkpointing
+    if hasattr(training_args, "use_cache"):
+        training_args.use_cache = model_args.use_cache
+
+
 def run_example(
     argv: list[str] | None,
     groups: tuple[type, ...] | None,
@@ -653,6 +673,9 @@ def run_example(
     another run's checkpoints are refused and a bad input leaves --output_dir as it was."""
     parsed = parse_args(argv, groups)
     training_args = next(group for group in parsed if isinstance(group, TrainingArguments))
+    model_args = next((group for group in parsed if isinstance(group, ModelArguments)), None)
+    if model_args is not None:
+        settle_use_cache(model_args, training_args)
     setup_logging(training_args)
     logging.getLogger(build_trainer.__module__).setLevel(logger.level)  # the example's own messages too
     check_report_to(training_args)  # a --report_to integration not installed, before any data or model

@@ -21,7 +21,6 @@ holds the adapter (adapter_model.safetensors, adapter_config.json), the tokenize
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import logging
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ import instruction_data
 import run_clm
 import transformers
 from run_clm import UsageError
-from transformers import PreTrainedModel, TrainingArguments
+from transformers import PreTrainedModel
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.checkpoints import check_resume_before_data
@@ -66,15 +65,6 @@ class ModelArguments(run_clm.ModelArguments):
     load_meta_device: bool = field(
         default=False, metadata={"help": "optimum-habana: load straight to the device; here the trainer moves it."}
     )  # fmt: skip
-
-
-if "use_cache" not in {f.name for f in dataclasses.fields(TrainingArguments)}:  # transformers 5 has it there
-
-    @dataclass
-    class ModelArguments(ModelArguments):
-        use_cache: bool = field(
-            default=True, metadata={"help": "The model's key/value cache (always off with --gradient_checkpointing)."}
-        )
 
 
 @dataclass
@@ -319,8 +309,6 @@ def build(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     config, _ = run_clm.load_config(model_args, tokenizer)
-    if hasattr(model_args, "use_cache"):  # transformers 4 (5's Trainer sets it from --use_cache itself)
-        config.use_cache = model_args.use_cache and not training_args.gradient_checkpointing
     loading = {"low_cpu_mem_usage": True} if model_args.low_cpu_mem_usage and not TRANSFORMERS_5 else {}
     data_args.max_seq_length = fit_max_seq_length(data_args.max_seq_length, config)
     model = run_clm.load_model(model_args, config, tokenizer, **loading)

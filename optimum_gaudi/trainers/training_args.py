@@ -25,6 +25,7 @@ from ..errors import UserError
 from ..features import attention
 from ..features.compilation import apply_dynamo_options, check_compile_flags, compile_choice_problem
 from .removed_args import RemovedTrainingArguments, apply_removed_arguments
+from .use_cache import UseCacheOffTheCommandLine
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class GaudiArgumentError(UserError, ValueError):
 
 
 @dataclass
-class GaudiTrainingArgumentsMixin(RemovedTrainingArguments):
+class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheCommandLine):
     """The Gaudi fields and their checks, for any TrainingArguments subclass: put it first, e.g.
     ``@dataclass class MyArgs(GaudiTrainingArgumentsMixin, Seq2SeqTrainingArguments)``. On a machine without
     a Gaudi the same flags still parse and the run falls back to CUDA or CPU (see the feature table logged
@@ -263,7 +264,7 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments):
 
     def gaudi_flags(self) -> dict[str, object]:
         """The Gaudi flags and their values, for the run's log."""
-        removed = {f.name for f in fields(RemovedTrainingArguments)}
+        removed = {f.name for f in (*fields(RemovedTrainingArguments), *fields(UseCacheOffTheCommandLine))}
         return {f.name: getattr(self, f.name) for f in fields(GaudiTrainingArgumentsMixin) if f.name not in removed}
 
     @property
