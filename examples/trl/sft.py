@@ -8,8 +8,9 @@ With no model it trains a small Llama-shaped model from scratch on the embedded 
 standard library); ``--model_name_or_path`` fine-tunes yours. Every SFTConfig and Gaudi flag applies, and so do
 the arguments of optimum-habana's sft.py: ``--dataset_name`` (a ``text`` or ``messages`` column, or Stack
 Exchange's question/response_j), ``--subset``, ``--use_peft`` / ``--lora_*`` (LoRA adapters),
-``--use_flash_attention``, ``--max_seq_length`` (TRL < 1's name of ``--max_length``, which GaudiSFTConfig reads); ``--do_eval`` holds
-out ``--validation_split_percentage`` of the examples and reports their loss and perplexity.
+``--use_flash_attention``, ``--max_seq_length`` (TRL < 1's name of ``--max_length``, which GaudiSFTConfig
+reads); ``--do_eval`` holds out ``--validation_split_percentage`` of the examples and reports their loss and
+perplexity.
 """
 
 from __future__ import annotations

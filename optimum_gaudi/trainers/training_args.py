@@ -360,8 +360,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments):
             )
         if self.use_zero3_leaf_promotion:
             logger.warning(
-                "--use_zero3_leaf_promotion is not applied by the trainer (in optimum-habana its scripts do it): "
-                "with DeepSpeed ZeRO-3 call optimum_gaudi.distributed.apply_zero3_leaf_promotion(model) before the trainer."
+                "--use_zero3_leaf_promotion is not applied by the trainer (in optimum-habana its scripts do it): with "
+                "DeepSpeed ZeRO-3 call optimum_gaudi.distributed.apply_zero3_leaf_promotion(model) before the trainer."
             )
 
     def _check_deepspeed_config(self) -> None:

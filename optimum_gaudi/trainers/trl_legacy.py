@@ -18,6 +18,8 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
+from .training_args import GaudiTrainingArguments
+
 logger = logging.getLogger(__name__)
 
 # A trainer keyword with a meaning of its own: handler(trainer class name, args, value, the trainer's keywords).
@@ -50,7 +52,7 @@ def _say(trainer: str, old: str, new: str) -> None:
     logger.warning("%s(%s=...) is TRL < 1's keyword, read as %s; pass that instead.", trainer, old, new)
 
 
-def tokenizer_keyword(trainer: str, args: Any, value: Any, keywords: dict[str, Any]) -> None:
+def _tokenizer(trainer: str, args: Any, value: Any, keywords: dict[str, Any]) -> None:
     """``tokenizer=`` became ``processing_class=`` (transformers 4.46, TRL 0.12)."""
     if keywords.get("processing_class") is not None:
         raise TypeError(f"{trainer}: pass processing_class= only (tokenizer= is its former name), not both.")
@@ -83,14 +85,14 @@ def dropped(reason: str) -> Handler:
 
 def move_keywords(trainer: Any, args: Any, keywords: dict[str, Any], special: dict[str, Handler]) -> None:
     """In place: each keyword of ``keywords`` the TRL trainer no longer takes moves to its new place (``special``
-    first, then a field of ``args`` of the same name), with one line; any other keyword is left for TRL to
-    refuse."""
+    first, then a field of the TRL config of the same name), with one line; any other keyword (one TRL never
+    took) is left for TRL to refuse."""
     name = type(trainer).__name__
     taken = _parameters(type(trainer))
-    config_fields = {spec.name for spec in dataclasses.fields(args)}
+    config_fields = {spec.name for spec in dataclasses.fields(args)} - set(GaudiTrainingArguments.__dataclass_fields__)
     for keyword in [k for k in keywords if k not in taken]:
         if keyword == "tokenizer":
-            tokenizer_keyword(name, args, keywords.pop(keyword), keywords)
+            _tokenizer(name, args, keywords.pop(keyword), keywords)
         elif keyword in special:
             special[keyword](name, args, keywords.pop(keyword), keywords)
         elif keyword in config_fields:
