@@ -193,6 +193,29 @@ def test_adalora_prunes_its_ranks_during_training(lora, tiny_llama, tmp_path):
     assert ranks and max(ranks) <= 6 and sum(ranks) < 6 * len(ranks)
 
 
+def test_an_adalora_config_without_total_step_trains_on_the_runs_step_count(lora, tiny_llama, tmp_path):
+    """optimum-habana's run_lora_clm.py builds AdaLoraConfig without total_step, which peft >= 0.18 refuses by
+    itself: here it builds, and GaudiTrainer gives it the run's step count."""
+    import peft
+    from tiny import lm_data
+    from transformers import AutoModelForCausalLM
+
+    from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
+
+    config = peft.AdaLoraConfig(
+        init_r=6, target_r=2, tinit=1, tfinal=1, deltaT=1, lora_alpha=16, lora_dropout=0.05,
+        target_modules=["q_proj", "v_proj"], orth_reg_weight=0.5, bias="none", task_type=peft.TaskType.CAUSAL_LM,
+    )  # fmt: skip
+    assert config.total_step is None
+    with pytest.raises(ValueError, match="total_step"):  # a count given is still peft's to check
+        peft.AdaLoraConfig(tinit=1, tfinal=1, total_step=0)
+    model = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_llama), config)
+    run_args = GaudiTrainingArguments(str(tmp_path), max_steps=4, per_device_train_batch_size=2, report_to=[])
+    GaudiTrainer(model=model, args=run_args, train_dataset=lm_data(8)).train()
+    assert config.total_step == 4
+    assert model.base_model.rankallocator.peft_config.total_step == 4
+
+
 def test_adalora_with_too_few_steps_is_one_line(lora, tiny_llama, tmp_path, capsys):
     argv = args(tiny_llama, tmp_path / "short", "--do_train", "--max_steps", "3", "--peft_type", "adalora",
                 "--lora_target_modules", "q_proj")  # fmt: skip

@@ -49,7 +49,10 @@ def test_context_parallel_size_above_one_is_refused_in_one_line(tmp_path):
 
 @pytest.mark.parametrize(
     ("flag", "said"),
-    [("--ignore_eos", "--ignore_eos does nothing here"), ("--use_zero3_leaf_promotion", "set_z3_leaf_modules")],
+    [
+        ("--ignore_eos", "--ignore_eos does nothing here"),
+        ("--use_zero3_leaf_promotion", "apply_zero3_leaf_promotion(model)"),
+    ],
 )
 def test_flags_that_do_not_act_here_say_so_once(tmp_path, caplog, flag, said):
     with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):

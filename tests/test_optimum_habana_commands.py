@@ -184,15 +184,11 @@ def parse_with_example(script: str, argv: list[str]) -> tuple:
         import common
 
         if script == "sft.py":
-            return common.parse(module.GaudiSFTConfig, argv, module.SFTLengthArguments)
+            return common.parse(module.GaudiSFTConfig, argv)
         if script == "dpo.py":
-            return common.parse(module.GaudiDPOConfig, argv, common.PromptLengthArguments)
+            return common.parse(module.GaudiDPOConfig, argv)
         return common.parse(
-            module.GaudiGRPOConfig,
-            argv,
-            common.PromptLengthArguments,
-            module.RewardArguments,
-            script_class=module.GRPOScriptArguments,
+            module.GaudiGRPOConfig, argv, module.RewardArguments, script_class=module.GRPOScriptArguments
         )
     import run_clm
 
@@ -581,21 +577,6 @@ def test_a_named_dataset_without_the_columns_is_one_line(tmp_path, tiny_models, 
         f"error: --dataset_name {folder}: DPO needs the columns prompt/chosen/rejected or "
         "question/response_j/response_k; it has body."
     )
-
-
-@pytest.mark.skipif(not has_trl, reason="TRL is an optional extra: pip install '.[trl]'")
-def test_max_prompt_length_keeps_the_last_tokens_of_a_prompt(tiny_models):
-    from datasets import Dataset
-    from transformers import AutoTokenizer
-
-    load_example("dpo.py")
-    import common
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_models["llama"])
-    prompt = "Return the number of seconds since the epoch as a floating point number."
-    rows = common.cut_prompts(Dataset.from_dict({"prompt": [prompt, "Short"]}), tokenizer, 4)
-    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    assert rows["prompt"] == [tokenizer.decode(ids[-4:]), "Short"] and len(ids) > 4
 
 
 def test_ignore_pad_token_for_loss_false_makes_the_padding_a_target(tiny_models):

@@ -1,5 +1,6 @@
 """TRL's SFT, DPO and GRPO trainers made Gaudi trainers by composition: a tiny causal LM, a few CPU steps."""
 
+import logging
 import math
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTr
 
 from optimum_gaudi import GaudiConfig, GaudiTrainerMixin, GaudiTrainingArgumentsMixin  # noqa: E402
 from optimum_gaudi.data.corpus import default_corpus_texts, default_tokenizer  # noqa: E402
+from optimum_gaudi.trainers.training_args import GaudiArgumentError  # noqa: E402
 
 COMMON = dict(
     max_steps=3, per_device_train_batch_size=4, logging_steps=1, report_to=[], seed=0, save_strategy="no",
@@ -161,3 +163,91 @@ def test_trl_configs_parse_gaudi_and_trl_flags_from_the_command_line(tmp_path):
     (config,) = HfArgumentParser(GaudiSFTConfig).parse_args_into_dataclasses(argv + ["--bf16", "false"])
     assert config.max_length == 32 and config.throughput_warmup_steps == 2 and config.use_habana
     assert config.gaudi_device.type == FALLBACK_DEVICE  # no Gaudi here: falls back, as GaudiTrainingArguments does
+
+
+# ---- TRL < 1's keywords and flags (optimum-habana's TRL scripts) ------------------------------------------
+
+
+def said(caplog) -> list[str]:
+    return [record.getMessage() for record in caplog.records]
+
+
+def test_sft_keywords_trl_1_moved_to_its_config_move_there_with_one_line(tiny_lm, tokenizer, tmp_path, caplog):
+    data = Dataset.from_dict({"body": default_corpus_texts()[:8]})
+    config = GaudiSFTConfig(output_dir=str(tmp_path), **COMMON)
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        trainer = GaudiSFTTrainer(
+            tiny_lm(), config, train_dataset=data, tokenizer=tokenizer, dataset_text_field="body",
+            max_seq_length=24, dataset_num_proc=1, num_buckets=4,
+        )  # fmt: skip
+    assert trainer.processing_class is tokenizer
+    assert (config.dataset_text_field, config.max_length, config.dataset_num_proc) == ("body", 24, 1)
+    lines = said(caplog)
+    for old, new in (
+        ("tokenizer", "processing_class="),
+        ("dataset_text_field", "GaudiSFTConfig(dataset_text_field='body')"),
+        ("max_seq_length", "GaudiSFTConfig(max_length=24)"),
+        ("dataset_num_proc", "GaudiSFTConfig(dataset_num_proc=1)"),
+    ):
+        assert lines.count(f"GaudiSFTTrainer({old}=...) is TRL < 1's keyword, read as {new}; pass that instead.") == 1
+    assert len([line for line in lines if line.startswith("GaudiSFTTrainer(num_buckets=4)")]) == 1
+
+
+def test_a_keyword_trl_never_took_is_still_refused(tiny_lm, tokenizer, tmp_path):
+    data = Dataset.from_dict({"text": default_corpus_texts()[:8]})
+    config = GaudiSFTConfig(output_dir=str(tmp_path), **COMMON)
+    with pytest.raises(TypeError, match="not both"):
+        GaudiSFTTrainer(tiny_lm(), config, train_dataset=data, tokenizer=tokenizer, processing_class=tokenizer)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_sequence_length'"):
+        GaudiSFTTrainer(tiny_lm(), config, train_dataset=data, processing_class=tokenizer, max_sequence_length=8)
+
+
+def test_dpo_max_prompt_length_keeps_a_prompts_last_tokens_before_trl_drops_long_prompts(tiny_lm, tokenizer, tmp_path):
+    long_prompt = " ".join(default_corpus_texts()[0].split()[:40])
+    data = Dataset.from_list([{"prompt": long_prompt, "chosen": " yes", "rejected": " no"}] * 4)
+    full = tokenizer(long_prompt)["input_ids"]
+
+    def prompts(**kwargs):
+        config = GaudiDPOConfig(output_dir=str(tmp_path), **{**COMMON, "max_length": 16, **kwargs})
+        trainer = GaudiDPOTrainer(tiny_lm(), tiny_lm(), config, train_dataset=data, processing_class=tokenizer)
+        return trainer.train_dataset["prompt_ids"]
+
+    assert len(full) > 16 and all(ids == full for ids in prompts())  # TRL 1 alone: whole (1.16 drops the rows)
+    assert prompts(max_prompt_length=5) == [full[-5:]] * 4  # TRL < 1: cut to its last tokens first, then kept
+
+
+def test_grpo_max_prompt_length_keeps_a_prompts_last_tokens_and_tokenizer_is_read(tiny_lm, tokenizer, tmp_path, caplog):
+    data = Dataset.from_dict({"prompt": ["Count to three:"] * 4})
+    kwargs = dict(**COMMON, num_generations=2, max_completion_length=4, max_prompt_length=3)
+    config = GaudiGRPOConfig(output_dir=str(tmp_path), **kwargs)
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        trainer = GaudiGRPOTrainer(tiny_lm(), vowel_reward, args=config, train_dataset=data, tokenizer=tokenizer)
+    line = "GaudiGRPOTrainer(tokenizer=...) is TRL < 1's keyword, read as processing_class=; pass that instead."
+    assert trainer.processing_class is tokenizer and said(caplog).count(line) == 1
+    text = "Return the number of seconds since the epoch"
+    prompt_ids, images, _ = trainer._tokenize_prompts([text, "Hi"])
+    assert prompt_ids == [tokenizer(text)["input_ids"][-3:], tokenizer("Hi")["input_ids"][-3:]] and images is None
+
+
+@pytest.mark.parametrize("config_class", [GaudiSFTConfig, GaudiDPOConfig, GaudiGRPOConfig])
+def test_trl_configs_take_trl_0s_bare_switches_and_leave_trls_own_classes_alone(config_class, tmp_path):
+    from transformers import HfArgumentParser
+
+    (config,) = HfArgumentParser(config_class).parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--bf16"])
+    assert config.bf16 is True
+    trl_class = config_class.__bases__[1]  # (GaudiTrainingArgumentsMixin, TRL's config)
+    assert "nargs" not in trl_class.__dataclass_fields__["bf16"].metadata  # TRL's own config: as TRL declares it
+
+
+def test_trl_0s_length_flags_parse_with_their_meaning_and_refuse_nonsense(tmp_path, caplog):
+    from transformers import HfArgumentParser
+
+    argv = ["--output_dir", str(tmp_path), "--max_seq_length", "48"]
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
+        (sft,) = HfArgumentParser(GaudiSFTConfig).parse_args_into_dataclasses(argv)
+    assert sft.max_length == 48 and said(caplog) == ["--max_seq_length (TRL < 1) is read as --max_length 48; pass that instead."]  # fmt: skip
+    grpo_argv = ["--output_dir", str(tmp_path), "--max_prompt_length", "512", "--chat_template", "{{ messages }}"]
+    (grpo,) = HfArgumentParser(GaudiGRPOConfig).parse_args_into_dataclasses(grpo_argv)
+    assert (grpo.max_prompt_length, grpo.chat_template) == (512, "{{ messages }}")
+    with pytest.raises(GaudiArgumentError, match=r"^--max_prompt_length must be >= 1, got 0\.$"):
+        GaudiDPOConfig(output_dir=str(tmp_path), max_prompt_length=0)

@@ -174,8 +174,7 @@ def peft_config(args: FinetuneArguments) -> Any:
             init_r=args.adalora_init_r, target_r=args.adalora_target_r, tinit=args.adalora_tinit,
             tfinal=args.adalora_tfinal, deltaT=args.adalora_delta_t, orth_reg_weight=args.adalora_orth_reg_weight,
             lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout, target_modules=args.lora_target_modules,
-            # a placeholder PEFT requires now; the trainer sets the run's step count when training starts
-            total_step=args.adalora_tinit + args.adalora_tfinal + 1, bias="none", **common,
+            bias="none", **common,  # no total_step: the trainer sets the run's step count when training starts
         )  # fmt: skip
     if args.peft_type == "ia3":
         return peft.IA3Config(target_modules=args.ia3_target_modules, feedforward_modules=args.feedforward_modules,

@@ -103,19 +103,6 @@ class ScriptArguments:
         )
 
 
-@dataclass
-class PromptLengthArguments:
-    """TRL < 1's DPO and GRPO option, which optimum-habana's command lines pass; TRL 1 dropped it."""
-
-    max_prompt_length: int | None = field(
-        default=None, metadata={"help": "Most prompt tokens; longer prompts lose their first tokens."}
-    )
-
-    def __post_init__(self) -> None:
-        if self.max_prompt_length is not None and self.max_prompt_length < 1:
-            raise UserError(f"--max_prompt_length must be >= 1, got {self.max_prompt_length}.")
-
-
 def _flash_attention(argv: list[str]) -> list[str]:
     """optimum-habana's --use_flash_attention becomes --attn_implementation gaudi_fused_sdpa before the training
     arguments are built (they register the attention and check the --flash_attention_* modes against it)."""
@@ -209,22 +196,6 @@ def with_columns(rows: Dataset, script: ScriptArguments, task: str, columns: dic
     raise UserError(
         f"--dataset_name {script.dataset_name}: {task} needs the columns {wanted}; it has {', '.join(sorted(names))}."
     )
-
-
-def cut_prompts(rows: Dataset, tokenizer: Any, max_prompt_length: int | None) -> Dataset:
-    """Prompts longer than `max_prompt_length` tokens keep their last tokens (TRL < 1's keep_end)."""
-    if max_prompt_length is None:
-        return rows
-
-    def cut(row: dict[str, Any]) -> dict[str, Any]:
-        if not isinstance(row["prompt"], str):  # a conversation: the chat template decides
-            return row
-        ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-        if len(ids) <= max_prompt_length:
-            return row
-        return {**row, "prompt": tokenizer.decode(ids[-max_prompt_length:])}
-
-    return rows.map(cut)
 
 
 def hold_out(rows: Dataset, script: ScriptArguments, seed: int) -> tuple[Dataset, Dataset]:

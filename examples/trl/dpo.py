@@ -17,9 +17,7 @@ import copy
 from typing import Any
 
 from common import (
-    PromptLengthArguments,
     corpus,
-    cut_prompts,
     finish,
     model_and_tokenizer,
     named_dataset,
@@ -57,7 +55,7 @@ def stack_exchange_pair(row: dict[str, Any]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    script, config, lengths = parse(GaudiDPOConfig, argv, PromptLengthArguments)
+    script, config = parse(GaudiDPOConfig, argv)
     model, tokenizer = model_and_tokenizer(script, config)
     rows = named_dataset(script)
     if rows is None:
@@ -68,7 +66,6 @@ def main(argv: list[str] | None = None) -> None:
             ("question", "response_j", "response_k"): stack_exchange_pair,
         }
         rows = with_columns(rows, script, "DPO", columns)
-    rows = cut_prompts(rows, tokenizer, lengths.max_prompt_length)
     peft_config = script.peft_config()
     # the frozen starting point (TRL would reload it from the model's path); with adapters, the adapters turned off
     reference = None if peft_config is not None else copy.deepcopy(model).eval()

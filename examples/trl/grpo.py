@@ -18,10 +18,8 @@ import logging
 from dataclasses import dataclass, field
 
 from common import (
-    PromptLengthArguments,
     ScriptArguments,
     corpus,
-    cut_prompts,
     finish,
     hold_out,
     model_and_tokenizer,
@@ -62,16 +60,13 @@ class RewardArguments:
 
 
 def main(argv: list[str] | None = None) -> None:
-    script, config, lengths, reward_args = parse(
-        GaudiGRPOConfig, argv, PromptLengthArguments, RewardArguments, script_class=GRPOScriptArguments
-    )
+    script, config, reward_args = parse(GaudiGRPOConfig, argv, RewardArguments, script_class=GRPOScriptArguments)
     model, tokenizer = model_and_tokenizer(script, config)
     rows = named_dataset(script)
     if rows is None:
         rows = Dataset.from_dict({"prompt": [" ".join(t.split()[:6]) for t in corpus(script, 500) if t.split()]})
     else:
         rows = with_columns(rows, script, "GRPO", {("prompt",): None, ("problem",): lambda r: {"prompt": r["problem"]}})
-    rows = cut_prompts(rows, tokenizer, lengths.max_prompt_length)
     eval_rows = None
     if config.eval_strategy != "no":
         rows, eval_rows = hold_out(rows, script, config.seed)

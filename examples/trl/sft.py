@@ -8,34 +8,23 @@ With no model it trains a small Llama-shaped model from scratch on the embedded 
 standard library); ``--model_name_or_path`` fine-tunes yours. Every SFTConfig and Gaudi flag applies, and so do
 the arguments of optimum-habana's sft.py: ``--dataset_name`` (a ``text`` or ``messages`` column, or Stack
 Exchange's question/response_j), ``--subset``, ``--use_peft`` / ``--lora_*`` (LoRA adapters),
-``--use_flash_attention``, ``--max_seq_length`` (TRL's former name of ``--max_length``); ``--do_eval`` holds
-out ``--validation_split_percentage`` of the examples and reports their loss and perplexity.
+``--use_flash_attention``, ``--max_seq_length`` (TRL < 1's name of ``--max_length``, which GaudiSFTConfig
+reads); ``--do_eval`` holds out ``--validation_split_percentage`` of the examples and reports their loss and
+perplexity.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 from common import corpus, finish, hold_out, model_and_tokenizer, named_dataset, parse, with_columns
 from datasets import Dataset
 from optimum_gaudi.trl import GaudiSFTConfig, GaudiSFTTrainer
 
-from optimum_gaudi.errors import UserError, run_main
+from optimum_gaudi.errors import run_main
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class SFTLengthArguments:
-    max_seq_length: int | None = field(
-        default=None, metadata={"help": "TRL's former name of --max_length, read as it (with one line)."}
-    )
-
-    def __post_init__(self) -> None:
-        if self.max_seq_length is not None and self.max_seq_length < 1:
-            raise UserError(f"--max_seq_length must be >= 1, got {self.max_seq_length}.")
 
 
 def stack_exchange_text(row: dict[str, Any]) -> dict[str, str]:
@@ -44,10 +33,7 @@ def stack_exchange_text(row: dict[str, Any]) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    script, config, lengths = parse(GaudiSFTConfig, argv, SFTLengthArguments)
-    if lengths.max_seq_length is not None:
-        config.max_length = lengths.max_seq_length
-        logger.warning("--max_seq_length (TRL's former name) is read as --max_length %d.", config.max_length)
+    script, config = parse(GaudiSFTConfig, argv)
     model, tokenizer = model_and_tokenizer(script, config)
     rows = named_dataset(script)
     if rows is None:

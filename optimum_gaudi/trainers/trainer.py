@@ -163,6 +163,7 @@ class GaudiTrainerMixin(TrainerShims):
                 f"GaudiTrainingArgumentsMixin), got {type(args).__name__}; build {self.gaudi_args_class.__name__}(...) "
                 "with the same keyword arguments."
             )
+        self._move_removed_keywords(args, trainer_kwargs)
         check_trainer_hooks(type(self), GaudiTrainerMixin)
         if isinstance(gaudi_config, dict):
             gaudi_config = GaudiConfig.from_dict(gaudi_config)
@@ -237,6 +238,10 @@ class GaudiTrainerMixin(TrainerShims):
         if args.bf16 and args.use_hpu_graphs_for_training and self.gaudi_device.training_graph_forward_bound_elsewhere:
             return args.autocast_device.autocast_factory()
         return None
+
+    def _move_removed_keywords(self, args: GaudiTrainingArguments, trainer_kwargs: dict[str, Any]) -> None:
+        """Keywords the parent Trainer no longer takes, moved in place to where it reads them now (one line
+        each) before it sees them. None here; the TRL trainers move TRL < 1's (trainers/trl_legacy.py)."""
 
     def _select_static_rows(self, args: GaudiTrainingArguments) -> StaticRows | None:
         """Pad short batches only where the device compiles a graph per input shape."""

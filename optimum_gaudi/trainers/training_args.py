@@ -378,8 +378,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             )
         if self.use_zero3_leaf_promotion:
             logger.warning(
-                "--use_zero3_leaf_promotion is not applied by the trainer (in optimum-habana its scripts do it): "
-                "with DeepSpeed ZeRO-3 call deepspeed.utils.set_z3_leaf_modules(model, [DecoderLayerClass])."
+                "--use_zero3_leaf_promotion is not applied by the trainer (in optimum-habana its scripts do it): with "
+                "DeepSpeed ZeRO-3 call optimum_gaudi.distributed.apply_zero3_leaf_promotion(model) before the trainer."
             )
 
     def _check_deepspeed_config(self) -> None:
