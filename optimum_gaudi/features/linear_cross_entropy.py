@@ -225,3 +225,27 @@ class FusedLinearCrossEntropy:
                     f"{FLAG}: the model's logits are not its output layer's (its head scales or caps them); "
                     f"train without {FLAG}."
                 )
+
+
+def enabled(args: Any, gaudi_config: Any) -> bool:
+    """On with the flag or the Gaudi config key."""
+    return bool(getattr(args, "use_fused_linear_cross_entropy", False) or gaudi_config.use_fused_linear_cross_entropy)
+
+
+def check_trainer(trainer: Any, mixin: type) -> None:
+    """One line, when the trainer is built, where the fused loss cannot stand in for the model's: the logits
+    a training step computes are one position a row, so nothing else may need them."""
+    from transformers import Trainer
+
+    own = [k.__name__ for k in type(trainer).__mro__ if "compute_loss" in vars(k) and k not in (mixin, Trainer)]
+    if own:
+        problem = f"{own[0]} overrides compute_loss (it may read the logits, which are not computed)"
+    elif trainer.label_smoother is not None:
+        problem = "--label_smoothing_factor smooths the full logits"
+    elif getattr(trainer, "compute_loss_func", None) is not None:
+        problem = "a compute_loss_func takes the full logits"
+    elif trainer.args.use_hpu_graphs_for_training:
+        problem = "--use_hpu_graphs_for_training replays the forward without the hooks that take the hidden states"
+    else:
+        return
+    raise UserError(f"{FLAG}: {problem}; train without one of them.")

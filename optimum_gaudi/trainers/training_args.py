@@ -155,6 +155,13 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments):
         metadata={"help": "fp8 linear layers: Intel's Gaudi Transformer Engine on a Gaudi, torchao on CPU/CUDA."},
     )
     minimize_memory: bool = field(default=False, metadata={"help": "With --fp8: keep fewer fp8 weight copies."})
+    use_fused_linear_cross_entropy: bool = field(
+        default=False,
+        metadata={
+            "help": "Training loss of a causal LM from its hidden states in chunks, never holding [tokens, vocabulary]"
+            " logits (also the Gaudi config's use_fused_linear_cross_entropy)."
+        },
+    )
     # ---- optimum-habana's other fields: same names and meanings (docs/optimum-habana.md says what each does here)
     use_hpu_graphs: bool = field(
         default=False,
