@@ -87,28 +87,19 @@ def test_function_matches_for_causal_lm_loss_with_shift_labels_and_no_grad():
 
 
 def test_compiles_without_graph_breaks():
-    g = torch.Generator().manual_seed(0)
-    hidden = torch.randn(2, 7, 16, generator=g, requires_grad=True)
-    weight = torch.randn(VOCAB, 16, generator=g, requires_grad=True)
-    labels = torch.randint(0, VOCAB, (2, 7), generator=g)
-    torch._dynamo.reset()
-    compiled = torch.compile(linear_cross_entropy, fullgraph=True, backend="eager")  # a graph break raises
-    loss = compiled(hidden, weight, labels, num_items_in_batch=torch.tensor(11))
-    loss.backward()
-    expected = ForCausalLMLoss(torch.nn.functional.linear(hidden, weight), labels, VOCAB, num_items_in_batch=11)
-    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
-    assert hidden.grad is not None and weight.grad is not None
-
-
-def test_hooks_compile_with_the_whole_model():
-    model = llama()
+    """The whole model, its hooks and the fused loss, forward and backward, in one graph (a break raises)."""
+    model, reference = llama(), llama()
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="eager")
-    expected = llama()(**batch()).loss
+    kwargs = {**batch(), "num_items_in_batch": torch.tensor(23)}
+    expected = reference(**kwargs).loss
+    expected.backward()
     with FusedLinearCrossEntropy.of(model).step():
-        got = compiled(**batch())
+        got = compiled(**kwargs)
+    got.loss.backward()
     assert got.logits.shape[1] == 1
     torch.testing.assert_close(got.loss, expected, rtol=1e-5, atol=0)
+    torch.testing.assert_close(model.lm_head.weight.grad, reference.lm_head.weight.grad, rtol=1e-4, atol=1e-6)
 
 
 def padded_rows(rows: int = 16) -> list[dict]:
@@ -187,7 +178,7 @@ def gemma2() -> Gemma2ForCausalLM:
 
 
 def scaled_head() -> LlamaForCausalLM:
-    """A head that does more than its linear layer, with no config key saying so."""
+    """A head that does more than its linear layer, with no Llama config key saying so."""
     model = llama()
     model.lm_head.register_forward_hook(lambda m, a, out: out * 0.125)
     return model
@@ -217,3 +208,17 @@ def test_what_needs_the_logits_is_refused_when_the_trainer_is_built(trainer_cls,
     args = GaudiTrainingArguments(output_dir=str(tmp_path), report_to=[], use_fused_linear_cross_entropy=True, **extra)
     with pytest.raises(UserError, match=says):
         trainer_cls(model=llama(), args=args, train_dataset=padded_rows())
+
+
+def test_the_gaudi_config_key_steps_aside_where_it_cannot_serve(tmp_path, caplog):
+    """The bundled configs turn the key on: a trainer or model it cannot serve trains with the full logits,
+    after one warning, where the flag is an error."""
+    on = GaudiConfig(use_fused_linear_cross_entropy=True)
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), report_to=[], max_steps=1, save_strategy="no")
+    with caplog.at_level("WARNING", logger="optimum_gaudi"):
+        assert not OwnLoss(model=llama(), args=args, gaudi_config=on)._fused_loss
+        trainer = GaudiTrainer(model=gemma2(), args=args, train_dataset=padded_rows(), gaudi_config=on)
+        trainer.train()
+    assert "OwnLoss overrides compute_loss" in caplog.text
+    assert "final_logit_softcapping=30.0" in caplog.text
+    assert FusedLinearCrossEntropy.of(trainer.model, strict=False) is None

@@ -17,6 +17,7 @@ compiles without graph breaks.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +26,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import UserError
+
+logger = logging.getLogger(__name__)
 
 try:
     from torch.distributed.tensor import DTensor
@@ -158,9 +161,6 @@ class FusedLinearCrossEntropy:
     """The hooks on one causal LM; they change nothing unless :meth:`step` is active (training steps only)."""
 
     def __init__(self, model: nn.Module) -> None:
-        problem = _head_problem(model)
-        if problem is not None:
-            raise UserError(f"{FLAG}: {problem}; train without {FLAG}.")
         self.head: nn.Linear = model.get_output_embeddings()
         self.own_loss = model.loss_function
         self.active = False
@@ -171,13 +171,17 @@ class FusedLinearCrossEntropy:
         model.loss_function = self._loss
 
     @classmethod
-    def of(cls, model: nn.Module) -> FusedLinearCrossEntropy:
-        """The hooks installed on ``model`` (a transformers model, or a PEFT model around one), once."""
+    def of(cls, model: nn.Module, strict: bool = True) -> FusedLinearCrossEntropy | None:
+        """The hooks installed on ``model`` (a transformers model, or a PEFT model around one), once. A model
+        they cannot serve is one line: an error when ``strict`` (the flag), else a warning and None (the Gaudi
+        config key, which asks for the fused loss where it applies)."""
         model = model.get_base_model() if hasattr(model, "get_base_model") else model
-        fused = model.__dict__.get("_gaudi_fused_linear_cross_entropy")
-        if fused is None:
-            fused = model.__dict__["_gaudi_fused_linear_cross_entropy"] = cls(model)
-        return fused
+        if "_gaudi_fused_linear_cross_entropy" not in model.__dict__:
+            problem = _head_problem(model)
+            if problem is not None:
+                _refuse(problem, strict)
+            model.__dict__["_gaudi_fused_linear_cross_entropy"] = cls(model) if problem is None else None
+        return model.__dict__["_gaudi_fused_linear_cross_entropy"]
 
     def _take_hidden(self, module: nn.Module, args: tuple) -> tuple | None:
         if not self.active:
@@ -232,11 +236,20 @@ def enabled(args: Any, gaudi_config: Any) -> bool:
     return bool(getattr(args, "use_fused_linear_cross_entropy", False) or gaudi_config.use_fused_linear_cross_entropy)
 
 
-def check_trainer(trainer: Any, mixin: type) -> None:
-    """One line, when the trainer is built, where the fused loss cannot stand in for the model's: the logits
-    a training step computes are one position a row, so nothing else may need them."""
+def _refuse(problem: str, strict: bool) -> None:
+    if strict:
+        raise UserError(f"{FLAG}: {problem}; train without {FLAG}.")
+    logger.warning("use_fused_linear_cross_entropy (Gaudi config) is off for this run: %s.", problem)
+
+
+def applies(trainer: Any, mixin: type) -> bool:
+    """Whether this trainer's training steps use the fused loss. Where it cannot stand in for the model's (the
+    logits a training step computes are one position a row, so nothing else may need them), the flag is an
+    error in one line when the trainer is built, the Gaudi config key a warning."""
     from transformers import Trainer
 
+    if not enabled(trainer.args, trainer.gaudi_config):
+        return False
     own = [k.__name__ for k in type(trainer).__mro__ if "compute_loss" in vars(k) and k not in (mixin, Trainer)]
     if own:
         problem = f"{own[0]} overrides compute_loss (it may read the logits, which are not computed)"
@@ -247,5 +260,6 @@ def check_trainer(trainer: Any, mixin: type) -> None:
     elif trainer.args.use_hpu_graphs_for_training:
         problem = "--use_hpu_graphs_for_training replays the forward without the hooks that take the hidden states"
     else:
-        return
-    raise UserError(f"{FLAG}: {problem}; train without one of them.")
+        return True
+    _refuse(problem, strict=trainer.args.use_fused_linear_cross_entropy)
+    return False

@@ -188,9 +188,7 @@ class GaudiTrainerMixin(TrainerShims):
         if adalora_configs(self.model):  # as optimum-habana's trainer: AdaLoRA's ranks adapt during training
             self.add_callback(AdaLoraBudget())
         self._eval_profiler = EvaluationProfiler.from_training_args(args)
-        self._fused_loss = fused_loss.enabled(args, self.gaudi_config)
-        if self._fused_loss:
-            fused_loss.check_trainer(self, GaudiTrainerMixin)
+        self._fused_loss = fused_loss.applies(self, GaudiTrainerMixin)
         self._timing_out_of_throughput = False
         if self.is_world_process_zero():
             table = feature_table(self.gaudi_device, args, self.gaudi_config)
@@ -429,8 +427,9 @@ class GaudiTrainerMixin(TrainerShims):
         (features/linear_cross_entropy.py); evaluation computes the model's own logits and loss."""
         if not (self._fused_loss and model.training and "labels" in inputs):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        fused = fused_loss.FusedLinearCrossEntropy.of(self.accelerator.unwrap_model(model, keep_torch_compile=False))
-        with fused.step():
+        inner = self.accelerator.unwrap_model(model, keep_torch_compile=False)
+        fused = fused_loss.FusedLinearCrossEntropy.of(inner, strict=self.args.use_fused_linear_cross_entropy)
+        with fused.step() if fused is not None else contextlib.nullcontext():
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _find_unused_parameters(self, model: nn.Module, inputs: dict[str, Any]) -> list[nn.Parameter]:
