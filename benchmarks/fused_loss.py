@@ -45,7 +45,7 @@ def run_once(variant: str, shape: dict, sequence: int, tokenizer_vocab: int, ste
     return [1 / clock.seconds_per_step, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, losses]
 
 
-def run(repeats: int = 2, steps: int = 4, warmup: int = 1, tiny: bool = False, log=print) -> tuple[str, dict]:
+def run(repeats: int = 1, steps: int = 3, warmup: int = 1, tiny: bool = False, log=print) -> tuple[str, dict]:
     """A markdown section and the medians {variant: (steps/s, peak RSS)}, "loss_diff" (largest relative)."""
     shape, sequence, vocab = (
         (TINY_SHAPE, TINY_SEQUENCE, TINY_TOKENIZER_VOCAB) if tiny else (SHAPE, SEQUENCE, TOKENIZER_VOCAB)

@@ -69,17 +69,27 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if grad_weight and bias is not None
             else None
         )
+        # fp32 logits go into one buffer: a new block per chunk would grow a host's heap (blocks are kept there)
+        buffer = hidden.new_empty((min(chunk, hidden.shape[0]), weight.shape[0]), dtype=torch.float32)
         for start in range(0, hidden.shape[0], chunk):
             rows = slice(start, start + chunk)
-            logits = F.linear(h[rows], w, b).float()
+            logits = buffer[: h[rows].shape[0]]
+            if compute != torch.float32:
+                logits.copy_(F.linear(h[rows], w, b))
+            elif b is None:
+                torch.mm(h[rows], w.t(), out=logits)
+            else:
+                torch.addmm(b, h[rows], w.t(), out=logits)
             target = targets[rows]
             kept = target != ignore_index
             target = target.masked_fill(~kept, 0)
-            lse = torch.logsumexp(logits, dim=-1)
-            total = total + ((lse - logits.gather(1, target[:, None]).squeeze(1)) * kept).sum()
+            picked = logits.gather(1, target[:, None]).squeeze(1)
+            top = logits.amax(1, keepdim=True)
+            sums = logits.sub_(top).exp_().sum(1)  # the logits' exponentials, in place
+            total = total + ((sums.log() + top.squeeze(1) - picked) * kept).sum()
             if gh is None and gw is None:
                 continue
-            grad = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+            grad = logits.div_(sums[:, None])  # softmax
             grad.scatter_add_(1, target[:, None], -kept[:, None].to(grad.dtype))
             grad.mul_(kept[:, None])
             grad = grad.to(compute)
@@ -97,12 +107,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_total):
+        """The gradients the forward made, scaled in place (the backward of a step runs once)."""
         gh, gw, gb = ctx.saved_tensors
         weight_dtype, bias_dtype = ctx.dtypes
         return (
-            None if gh is None else gh * grad_total.to(gh.dtype),
-            None if gw is None else (gw * grad_total).to(weight_dtype),
-            None if gb is None else (gb * grad_total).to(bias_dtype),
+            None if gh is None else gh.mul_(grad_total.to(gh.dtype)),
+            None if gw is None else gw.mul_(grad_total).to(weight_dtype),
+            None if gb is None else gb.mul_(grad_total).to(bias_dtype),
             *(None,) * 5,
         )
 
