@@ -12,8 +12,12 @@ run(tiny=True) trains a 2-layer model on a 4,096-token vocabulary: a smoke run o
 from __future__ import annotations
 
 import json
+import os
+import platform
 import resource
 import tempfile
+
+import torch
 
 from benchmarks.common import StepClock, in_new_process, markdown_table, median, request_from_argv
 from benchmarks.llama_speed import blocks, llama, parameters
@@ -45,6 +49,16 @@ def run_once(variant: str, shape: dict, sequence: int, tokenizer_vocab: int, ste
     return [1 / clock.seconds_per_step, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, losses]
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else what the platform says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or platform.machine()
+
+
 def run(repeats: int = 1, steps: int = 3, warmup: int = 1, tiny: bool = False, log=print) -> tuple[str, dict]:
     """A markdown section and the medians {variant: (steps/s, peak RSS)}, "loss_diff" (largest relative)."""
     shape, sequence, vocab = (
@@ -66,11 +80,12 @@ def run(repeats: int = 1, steps: int = 3, warmup: int = 1, tiny: bool = False, l
     ]
     table = markdown_table(["variant", "steps/s (median)", "vs full_logits", "peak RSS, GiB", "vs full_logits"], rows)
     logits_gib = BATCH * sequence * shape["vocab_size"] * 4 / 2**30
+    cpu = f"{cpu_name()} (torch's CPU capability: {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores)"
     text = (
         f"LlamaForCausalLM, random weights, SmolLM-135M widths with {shape['num_hidden_layers']} layers (hidden "
         f"{shape['hidden_size']}, intermediate {shape['intermediate_size']}, {shape['num_attention_heads']} query "
         f"heads over {shape['num_key_value_heads']} key/value heads, tied embeddings) and a vocabulary of "
-        f"{shape['vocab_size']:,}: {parameters(shape) / 1e6:.1f}M parameters. Sequence {sequence}, batch {BATCH}, "
+        f"{shape['vocab_size']:,}: {parameters(shape) / 1e6:.1f}M parameters, on {cpu}. Sequence {sequence}, batch {BATCH}, "
         f"fp32: the full logits of a step take {logits_gib:.2f} GiB. GaudiTrainer (AdamW) without and with "
         f"--use_fused_linear_cross_entropy, each run its own process (peak RSS of that process), {repeats} runs "
         f"each, interleaved; {warmup} warm-up step left out, {steps - warmup} steps timed. The losses of the two "
