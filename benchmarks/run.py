@@ -1,7 +1,7 @@
 """`make bench`: run the benchmarks in one process, print the tables, write docs/benchmarks.md.
 
 Each section is one side-by-side run. `BENCH_SECTIONS=compile make bench` reruns only the named sections
-(comma-separated: speed, compile, llama, distributed, allreduce, gpu) and replaces just those in docs/benchmarks.md,
+(comma-separated: speed, compile, llama, fused_loss, distributed, allreduce, gpu) and replaces just those in docs/benchmarks.md,
 each section saying when and under what load it was measured.
 """
 
@@ -19,7 +19,15 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from benchmarks import allreduce_model, compile_speed, distributed, gpu, llama_speed, train_speed  # noqa: E402
+from benchmarks import (  # noqa: E402
+    allreduce_model,
+    compile_speed,
+    distributed,
+    fused_loss,
+    gpu,
+    llama_speed,
+    train_speed,
+)
 from benchmarks.common import markdown_table  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -101,6 +109,16 @@ def llama_section(quick: bool) -> str:
     return f"## A Llama-shaped model (SmolLM-135M widths)\n\n{t.table()}\n\n{text}"
 
 
+def fused_loss_section(quick: bool) -> str:
+    text, m = fused_loss.run(repeats=1, steps=3, warmup=1, tiny=True) if quick else fused_loss.run()
+    (full_sps, full_rss), (fused_sps, fused_rss) = m["full_logits"], m["fused_linear_cross_entropy"]
+    t = Targets()
+    t.check("fused linear cross-entropy / full logits, peak RSS", fused_rss / full_rss, 0.6, at_most=True)
+    t.check("fused linear cross-entropy / full logits, steps/s", fused_sps / full_sps, 1.0)
+    t.check("losses at the same step, largest relative difference (fp32)", m["loss_diff"], 1e-4, "{:.1e}", True)
+    return f"## Fused linear cross-entropy on a 128k vocabulary\n\n{t.table()}\n\n{text}"
+
+
 def distributed_section(quick: bool) -> str:
     repeats, steps, warmup = (1, 8, 2) if quick else (3, 30, 5)
     text, d = distributed.run(repeats=repeats, steps=steps, warmup=warmup)
@@ -153,6 +171,7 @@ SECTIONS = {
     "speed": speed_section,
     "compile": compile_section,
     "llama": llama_section,
+    "fused_loss": fused_loss_section,
     "distributed": distributed_section,
     "allreduce": allreduce_section,
     "gpu": gpu_section,

@@ -85,6 +85,8 @@ class GaudiConfig:
     # nothing is swapped (features/kernels.py)
     use_fused_rms_norm: bool = False
     use_fused_rope: bool = False
+    # a causal LM's training loss computed in chunks, never holding the full logits (features/linear_cross_entropy.py)
+    use_fused_linear_cross_entropy: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -32,6 +32,7 @@ FEATURES = (
     "attn_implementation",
     "use_fused_rms_norm",
     "use_fused_rope",
+    "use_fused_linear_cross_entropy",
     "fp8",
 )
 

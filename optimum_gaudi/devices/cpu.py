@@ -57,6 +57,7 @@ class CPUDevice(Device):
         "attn_implementation": "gaudi_fused_sdpa is transformers' sdpa (torch SDPA); --flash_attention_* no-op",
         "use_fused_rms_norm": "no-op: the model's own RMSNorm",
         "use_fused_rope": "no-op: the model's own rotary embedding",
+        "use_fused_linear_cross_entropy": "training loss from the hidden states in chunks, no full logits",
         "fp8": "torchao Float8Linear: fp8 matmuls (torch._scaled_mm) in the linear layers",
     }
 

@@ -139,6 +139,7 @@ class CUDADevice(Device):
         "attn_implementation": "gaudi_fused_sdpa is transformers' sdpa (torch SDPA (flash / memory-efficient kernels)); --flash_attention_* no-op",
         "use_fused_rms_norm": "no-op: the model's own RMSNorm",
         "use_fused_rope": "no-op: the model's own rotary embedding",
+        "use_fused_linear_cross_entropy": "training loss from the hidden states in chunks, no full logits",
         "fp8": "torchao Float8Linear on GPUs with fp8 matmuls (compute capability 8.9+)",
     }
 

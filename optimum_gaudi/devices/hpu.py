@@ -200,6 +200,7 @@ class HPUDevice(Device):
         "attn_implementation": "gaudi_fused_sdpa: hpex.kernels.FusedSDPA (recompute / causal / fast softmax flags)",
         "use_fused_rms_norm": "hpex.normalization.FusedRMSNorm in Llama-style RMSNorm modules",
         "use_fused_rope": "hpex.kernels.RotaryPosEmbeddingHelperV1 for Llama-style rotary embedding",
+        "use_fused_linear_cross_entropy": "training loss from the hidden states in chunks, no full logits",
         "fp8": "Intel Gaudi Transformer Engine: te.Linear under te.fp8_autocast (delayed scaling, HYBRID format)",
     }
 

@@ -27,6 +27,7 @@ TRAINER_HOOKS = (
     "_wrap_model",
     "autocast_smart_context_manager",
     "compute_loss_context_manager",
+    "compute_loss",  # --use_fused_linear_cross_entropy
     "training_step",
     "evaluation_loop",
     "prediction_step",

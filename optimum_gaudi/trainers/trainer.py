@@ -36,6 +36,7 @@ from ..devices.autocast import OpListAutocast
 from ..devices.base import Fp8Plan
 from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from ..features import attention, kernels
+from ..features import linear_cross_entropy as fused_loss
 from ..features.adalora import AdaLoraBudget, adalora_configs
 from ..features.adam_state import keep_step_counts_on_load
 from ..features.compilation import CompilationLog, CompileOptions, compile_regions, pin_loss_function
@@ -203,6 +204,7 @@ class GaudiTrainerMixin(TrainerShims):
         if adalora_configs(self.model):  # as optimum-habana's trainer: AdaLoRA's ranks adapt during training
             self.add_callback(AdaLoraBudget())
         self._eval_profiler = EvaluationProfiler.from_training_args(args)
+        self._fused_loss = fused_loss.applies(self, GaudiTrainerMixin)
         self._timing_out_of_throughput = False
         if self.is_world_process_zero():
             table = feature_table(self.gaudi_device, args, self.gaudi_config)
@@ -456,6 +458,18 @@ class GaudiTrainerMixin(TrainerShims):
         for parameter in self._unused or ():
             parameter.grad = None  # as eager training leaves it: no weight decay, no moments on an unused parameter
         return loss
+
+    def compute_loss(
+        self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
+    ):
+        """--use_fused_linear_cross_entropy: a training step's loss from the hidden states, without the logits
+        (features/linear_cross_entropy.py); evaluation computes the model's own logits and loss."""
+        if not (self._fused_loss and model.training and "labels" in inputs):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        inner = self.accelerator.unwrap_model(model, keep_torch_compile=False)
+        fused = fused_loss.FusedLinearCrossEntropy.of(inner, strict=self.args.use_fused_linear_cross_entropy)
+        with fused.step() if fused is not None else contextlib.nullcontext():
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _find_unused_parameters(self, model: nn.Module, inputs: dict[str, Any]) -> list[nn.Parameter]:
         """The trainable parameters one eager forward of this batch does not reach (features/unused_parameters.py);

@@ -166,6 +166,13 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             "optimum-habana's."
         },
     )
+    use_fused_linear_cross_entropy: bool = field(
+        default=False,
+        metadata={
+            "help": "Training loss of a causal LM from its hidden states in chunks, never holding [tokens, vocabulary]"
+            " logits (also the Gaudi config's use_fused_linear_cross_entropy)."
+        },
+    )
     # ---- optimum-habana's other fields: same names and meanings (docs/optimum-habana.md says what each does here)
     use_hpu_graphs: bool = field(
         default=False,

@@ -1,0 +1,99 @@
+"""--use_fused_linear_cross_entropy on a 128k vocabulary: peak memory, speed and losses against the full logits.
+
+A LlamaForCausalLM with random weights (nothing downloaded) at SmolLM-135M's widths (hidden 576, intermediate
+1536, 9 query heads over 3 key/value heads, tied embeddings) but Llama 3's vocabulary of 128,256 tokens and
+LAYERS layers; sequence 1024, batch BATCH, fp32, GaudiTrainer with the flag off and on. Each run is its own
+process, so its peak RSS (getrusage) is its own; the variants are interleaved and repeated. Reported: median
+steps/s after warm-up, median peak RSS, and the largest relative difference between the two variants' losses
+at the same step.
+run(tiny=True) trains a 2-layer model on a 4,096-token vocabulary: a smoke run of this code (BENCH_QUICK=1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import tempfile
+
+import torch
+
+from benchmarks.common import StepClock, in_new_process, markdown_table, median, request_from_argv
+from benchmarks.llama_speed import blocks, llama, parameters
+from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
+
+LAYERS, BATCH, SEQUENCE, TOKENIZER_VOCAB = 4, 2, 1024, 8192
+SHAPE = dict(
+    num_hidden_layers=LAYERS, vocab_size=128256, hidden_size=576, intermediate_size=1536, num_attention_heads=9,
+    num_key_value_heads=3, tie_word_embeddings=True, max_position_embeddings=SEQUENCE, rms_norm_eps=1e-5,
+)  # fmt: skip
+TINY_SHAPE = {**SHAPE, "num_hidden_layers": 2, "vocab_size": 4096, "hidden_size": 72, "intermediate_size": 192}
+TINY_SEQUENCE, TINY_TOKENIZER_VOCAB = 64, 4096
+VARIANTS = {"full_logits": False, "fused_linear_cross_entropy": True}
+
+
+def run_once(variant: str, shape: dict, sequence: int, tokenizer_vocab: int, steps: int, warmup: int) -> list:
+    """[steady steps/s, peak RSS in bytes, the loss of every step] of one training run in this process."""
+    train = blocks(steps * BATCH, sequence, tokenizer_vocab)
+    clock = StepClock(warmup)
+    with tempfile.TemporaryDirectory() as out:
+        args = GaudiTrainingArguments(
+            output_dir=out, max_steps=steps, per_device_train_batch_size=BATCH, learning_rate=1e-3, seed=0,
+            report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_pin_memory=False,
+            use_cpu=True, use_fused_linear_cross_entropy=VARIANTS[variant],
+        )  # fmt: skip
+        trainer = GaudiTrainer(model=llama(shape), args=args, train_dataset=train, callbacks=[clock])
+        trainer.train()
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return [1 / clock.seconds_per_step, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, losses]
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else what the platform says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or platform.machine()
+
+
+def run(repeats: int = 2, steps: int = 3, warmup: int = 1, tiny: bool = False, log=print) -> tuple[str, dict]:
+    """A markdown section and the medians {variant: (steps/s, peak RSS)}, "loss_diff" (largest relative)."""
+    shape, sequence, vocab = (
+        (TINY_SHAPE, TINY_SEQUENCE, TINY_TOKENIZER_VOCAB) if tiny else (SHAPE, SEQUENCE, TOKENIZER_VOCAB)
+    )
+    results = {v: [] for v in VARIANTS}
+    for r in range(repeats):  # interleaved, so drift in machine speed hits both variants alike
+        for variant in VARIANTS:
+            sps, rss, losses = in_new_process("benchmarks.fused_loss", [variant, shape, sequence, vocab, steps, warmup])
+            results[variant].append((sps, rss, losses))
+            log(f"  fused loss {variant} run {r + 1}: {sps:.3f} steps/s, peak RSS {rss / 2**30:.2f} GiB")
+    medians = {v: (median([x[0] for x in rs]), median([x[1] for x in rs])) for v, rs in results.items()}
+    full, fused = results["full_logits"][0][2], results["fused_linear_cross_entropy"][0][2]
+    loss_diff = max(abs(a - b) / abs(a) for a, b in zip(full, fused, strict=True))
+    base_sps, base_rss = medians["full_logits"]
+    rows = [
+        [variant, f"{sps:.3f}", f"{sps / base_sps:.2f}x", f"{rss / 2**30:.2f}", f"{rss / base_rss:.2f}x"]
+        for variant, (sps, rss) in medians.items()
+    ]
+    table = markdown_table(["variant", "steps/s (median)", "vs full_logits", "peak RSS, GiB", "vs full_logits"], rows)
+    logits_gib = BATCH * sequence * shape["vocab_size"] * 4 / 2**30
+    cpu = f"{cpu_name()} (torch's CPU capability: {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores)"
+    text = (
+        f"LlamaForCausalLM, random weights, SmolLM-135M widths with {shape['num_hidden_layers']} layers (hidden "
+        f"{shape['hidden_size']}, intermediate {shape['intermediate_size']}, {shape['num_attention_heads']} query "
+        f"heads over {shape['num_key_value_heads']} key/value heads, tied embeddings) and a vocabulary of "
+        f"{shape['vocab_size']:,}: {parameters(shape) / 1e6:.1f}M parameters, on {cpu}. Sequence {sequence}, batch {BATCH}, "
+        f"fp32: the full logits of a step take {logits_gib:.2f} GiB. GaudiTrainer (AdamW) without and with "
+        f"--use_fused_linear_cross_entropy, each run its own process (peak RSS of that process), {repeats} runs "
+        f"each, interleaved; {warmup} warm-up step left out, {steps - warmup} steps timed. The losses the Trainer "
+        f"logs (4 decimals) for the same step differ by at most {loss_diff:.1e} (relative) between the variants.\n\n{table}"
+    )
+    log(text)
+    return text, {**medians, "loss_diff": loss_diff}
+
+
+if __name__ == "__main__":  # one in_new_process request: variant, shape, sequence, tokenizer vocabulary, steps, warm-up
+    print(json.dumps(run_once(*request_from_argv())))

@@ -1,0 +1,276 @@
+"""--use_fused_linear_cross_entropy: a causal LM's training loss without its [tokens, vocabulary] logits.
+
+With a 128k-token vocabulary the logits of a long batch and their gradient, not the weights, decide how
+large a batch fits. Here the loss is computed from the final hidden states and the output layer's weight a
+chunk of tokens at a time: each chunk's logits, log-softmax cross-entropy (fp32) and its share of the
+gradients of the hidden states and of the weight are computed together, so only [chunk, vocabulary] logits
+are ever alive. The gradients are kept for the backward, which only scales them.
+
+No model class is forked: while a training step computes its loss, a forward pre-hook on the model's output
+embeddings takes the hidden states and passes on only the last position (the model's own logits, softcapping
+or scaling included, of one token a row, used to check the head once), and the model's own ``loss_function``
+hook computes the loss from the hidden states, with ``ForCausalLMLoss``'s semantics (shifted labels or
+``shift_labels``, ``ignore_index``, ``num_items_in_batch``). The same code runs on HPU, CUDA and CPU and
+compiles without graph breaks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..errors import UserError
+
+logger = logging.getLogger(__name__)
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch built without distributed
+
+    class DTensor:  # noqa: D101 - nothing is ever an instance
+        pass
+
+
+FLAG = "--use_fused_linear_cross_entropy"
+# Logits of one chunk hold at most this many elements (256 MB in fp32): a 128,256-token vocabulary gives
+# 523-token chunks. Larger chunks mean fewer passes over the weight's gradient, which each chunk adds to.
+CHUNK_ELEMENTS = 1 << 26
+# Config keys of transformers models whose head does more than its linear layer (their value: no-op)
+_HEAD_CONFIG_KEYS = {
+    "final_logit_softcapping": None,
+    "logit_softcapping": None,
+    "logits_scaling": 1,
+    "logit_scale": 1,
+    "output_multiplier": 1,
+}
+# How far the model's own logits may be from the output layer's, relative to their largest magnitude (bf16
+# rounding stays far below; a logit scale or a soft cap that matters does not)
+_HEAD_CHECK_TOLERANCE = 0.02
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Sum over the tokens of cross-entropy(hidden @ weight.T + bias, targets); gradients made in the forward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, ignore_index, chunk, grad_hidden, grad_weight):
+        compute = F.linear(hidden[:1], weight).dtype  # what autocast (if any) makes of the output layer
+        h, w, b = hidden.to(compute), weight.to(compute), None if bias is None else bias.to(compute)
+        total = hidden.new_zeros((), dtype=torch.float32)
+        gh = torch.empty_like(hidden) if grad_hidden else None
+        gw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grad_weight else None
+        gb = (
+            torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
+            if grad_weight and bias is not None
+            else None
+        )
+        # fp32 logits go into one buffer: a new block per chunk would grow a host's heap (blocks are kept there)
+        buffer = hidden.new_empty((min(chunk, hidden.shape[0]), weight.shape[0]), dtype=torch.float32)
+        for start in range(0, hidden.shape[0], chunk):
+            rows = slice(start, start + chunk)
+            logits = buffer[: h[rows].shape[0]]
+            if compute != torch.float32:
+                logits.copy_(F.linear(h[rows], w, b))
+            elif b is None:
+                torch.mm(h[rows], w.t(), out=logits)
+            else:
+                torch.addmm(b, h[rows], w.t(), out=logits)
+            target = targets[rows]
+            kept = target != ignore_index
+            target = target.masked_fill(~kept, 0)
+            picked = logits.gather(1, target[:, None]).squeeze(1)
+            top = logits.amax(1, keepdim=True)
+            sums = logits.sub_(top).exp_().sum(1)  # the logits' exponentials, in place
+            total = total + ((sums.log() + top.squeeze(1) - picked) * kept).sum()
+            if gh is None and gw is None:
+                continue
+            grad = logits.div_(sums[:, None])  # softmax
+            grad.scatter_add_(1, target[:, None], -kept[:, None].to(grad.dtype))
+            grad.mul_(kept[:, None])
+            grad = grad.to(compute)
+            if gh is not None:
+                gh[rows] = grad @ w
+            if gw is not None and compute == gw.dtype:
+                gw.addmm_(grad.t(), h[rows])  # in place: no [vocabulary, hidden] temporary per chunk
+            elif gw is not None:
+                gw += grad.t() @ h[rows]
+            if gb is not None:
+                gb += grad.sum(0)
+        ctx.save_for_backward(gh, gw, gb)
+        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        """The gradients the forward made, scaled in place (the backward of a step runs once)."""
+        gh, gw, gb = ctx.saved_tensors
+        weight_dtype, bias_dtype = ctx.dtypes
+        return (
+            None if gh is None else gh.mul_(grad_total.to(gh.dtype)),
+            None if gw is None else gw.mul_(grad_total).to(weight_dtype),
+            None if gb is None else gb.mul_(grad_total).to(bias_dtype),
+            *(None,) * 5,
+        )
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor | None,
+    bias: torch.Tensor | None = None,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    ignore_index: int = -100,
+    shift_labels: torch.Tensor | None = None,
+    chunk_tokens: int | None = None,
+) -> torch.Tensor:
+    """transformers' ``ForCausalLMLoss(F.linear(hidden, weight, bias), labels, ...)``, never holding the logits:
+    labels shifted by one (or ``shift_labels`` as given), ``ignore_index`` left out, the sum divided by
+    ``num_items_in_batch`` when given, else the mean over the tokens kept."""
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    targets = shift_labels.reshape(-1).to(hidden.device)
+    hidden = hidden.reshape(-1, hidden.shape[-1])
+    grads = torch.is_grad_enabled()
+    chunk = chunk_tokens or max(1, CHUNK_ELEMENTS // weight.shape[0])
+    total = _LinearCrossEntropy.apply(
+        hidden, weight, bias, targets, ignore_index, chunk, grads and hidden.requires_grad,
+        grads and (weight.requires_grad or (bias is not None and bias.requires_grad)),
+    )  # fmt: skip
+    if num_items_in_batch is None:
+        return total / (targets != ignore_index).sum()
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
+
+
+def _head_problem(model: nn.Module) -> str | None:
+    """Why the fused loss cannot stand in for this model's head and loss; None when it can."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    name = type(model).__name__
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, nn.Linear):
+        kind = "none" if head is None else type(head).__name__
+        return f"{name}'s output layer is {kind}, not a torch.nn.Linear (an adapter on lm_head, e.g. LoRA, counts)"
+    if getattr(model, "loss_function", None) is not ForCausalLMLoss:
+        return f"{name} computes its loss otherwise than transformers' ForCausalLMLoss"
+    configs = [model.config, getattr(model.config, "text_config", None)]
+    for config in filter(None, configs):
+        for key, neutral in _HEAD_CONFIG_KEYS.items():
+            value = getattr(config, key, neutral)
+            if value != neutral:
+                return f"{name}'s head applies {key}={value} to the logits, which the fused loss does not"
+    return None
+
+
+class FusedLinearCrossEntropy:
+    """The hooks on one causal LM; they change nothing unless :meth:`step` is active (training steps only)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.head: nn.Linear = model.get_output_embeddings()
+        self.own_loss = model.loss_function
+        self.active = False
+        self.hidden: torch.Tensor | None = None
+        self.probe: tuple[torch.Tensor, torch.Tensor] | None = None  # (the model's last logits, their hidden)
+        self.checked = False
+        self.head.register_forward_pre_hook(self._take_hidden)
+        model.loss_function = self._loss
+
+    @classmethod
+    def of(cls, model: nn.Module, strict: bool = True) -> FusedLinearCrossEntropy | None:
+        """The hooks installed on ``model`` (a transformers model, or a PEFT model around one), once. A model
+        they cannot serve is one line: an error when ``strict`` (the flag), else a warning and None (the Gaudi
+        config key, which asks for the fused loss where it applies)."""
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if "_gaudi_fused_linear_cross_entropy" not in model.__dict__:
+            problem = _head_problem(model)
+            if problem is not None:
+                _refuse(problem, strict)
+            model.__dict__["_gaudi_fused_linear_cross_entropy"] = cls(model) if problem is None else None
+        return model.__dict__["_gaudi_fused_linear_cross_entropy"]
+
+    def _take_hidden(self, module: nn.Module, args: tuple) -> tuple | None:
+        if not self.active:
+            return None
+        self.hidden = args[0]
+        return (args[0][..., -1:, :], *args[1:])
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor, vocab_size: int | None = None, **kwargs: Any):
+        hidden, self.hidden = self.hidden, None
+        if hidden is None:  # not a training step, or a head that did not go through the hook
+            return self.own_loss(logits, labels, vocab_size, **kwargs)
+        weight, bias = self.head.weight, self.head.bias
+        if isinstance(weight, DTensor):
+            raise UserError(
+                f"{FLAG}: the output layer's weight is sharded (DTensor) during the loss; train without {FLAG}."
+            )
+        self.probe = (logits.detach(), hidden[..., -1:, :].detach())
+        known = {k: kwargs[k] for k in ("num_items_in_batch", "ignore_index", "shift_labels") if k in kwargs}
+        return linear_cross_entropy(hidden, weight, labels, bias, **known)
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """Around one training step's loss: the hooks active; afterwards, once, the check that the model's
+        logits are its output layer's (no scale or cap the fused loss would leave out)."""
+        self.active, self.hidden = True, None
+        try:
+            yield
+        finally:
+            self.active, left = False, self.hidden
+            self.hidden = None
+        if left is not None:
+            raise UserError(f"{FLAG}: the model did not compute its loss through its loss_function; train without it.")
+        if not self.checked and self.probe is not None:
+            self._check_head(*self.probe)
+        self.probe = None
+
+    def _check_head(self, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        self.checked = True
+        with torch.no_grad():
+            bias = None if self.head.bias is None else self.head.bias.float()
+            expected = F.linear(hidden.float(), self.head.weight.float(), bias)
+            error = (logits.float() - expected).abs().max()
+            if error > _HEAD_CHECK_TOLERANCE * expected.abs().max():
+                raise UserError(
+                    f"{FLAG}: the model's logits are not its output layer's (its head scales or caps them); "
+                    f"train without {FLAG}."
+                )
+
+
+def enabled(args: Any, gaudi_config: Any) -> bool:
+    """On with the flag or the Gaudi config key."""
+    return bool(getattr(args, "use_fused_linear_cross_entropy", False) or gaudi_config.use_fused_linear_cross_entropy)
+
+
+def _refuse(problem: str, strict: bool) -> None:
+    if strict:
+        raise UserError(f"{FLAG}: {problem}; train without {FLAG}.")
+    logger.warning("use_fused_linear_cross_entropy (Gaudi config) is off for this run: %s.", problem)
+
+
+def applies(trainer: Any, mixin: type) -> bool:
+    """Whether this trainer's training steps use the fused loss. Where it cannot stand in for the model's (the
+    logits a training step computes are one position a row, so nothing else may need them), the flag is an
+    error in one line when the trainer is built, the Gaudi config key a warning."""
+    from transformers import Trainer
+
+    if not enabled(trainer.args, trainer.gaudi_config):
+        return False
+    own = [k.__name__ for k in type(trainer).__mro__ if "compute_loss" in vars(k) and k not in (mixin, Trainer)]
+    if own:
+        problem = f"{own[0]} overrides compute_loss (it may read the logits, which are not computed)"
+    elif trainer.label_smoother is not None:
+        problem = "--label_smoothing_factor smooths the full logits"
+    elif getattr(trainer, "compute_loss_func", None) is not None:
+        problem = "a compute_loss_func takes the full logits"
+    elif trainer.args.use_hpu_graphs_for_training:
+        problem = "--use_hpu_graphs_for_training replays the forward without the hooks that take the hidden states"
+    else:
+        return True
+    _refuse(problem, strict=trainer.args.use_fused_linear_cross_entropy)
+    return False

@@ -1,0 +1,224 @@
+"""--use_fused_linear_cross_entropy: the model's own loss and gradients, without the [tokens, vocabulary] logits.
+
+Each test compares against the model's own forward and loss (transformers' ForCausalLMLoss) on tiny models,
+with chunks of a few tokens so that the chunking itself is exercised.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+
+import pytest
+import torch
+from tiny import NO_DROPOUT, gpt2, lm_data
+from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers.loss.loss_utils import ForCausalLMLoss
+
+from optimum_gaudi import GaudiConfig, GaudiTrainer, GaudiTrainingArguments
+from optimum_gaudi.errors import UserError
+from optimum_gaudi.features import linear_cross_entropy as fused_loss
+from optimum_gaudi.features.linear_cross_entropy import FusedLinearCrossEntropy, linear_cross_entropy
+
+VOCAB = 100
+
+
+@pytest.fixture(autouse=True)
+def _small_chunks(monkeypatch):
+    monkeypatch.setattr(fused_loss, "CHUNK_ELEMENTS", 5 * VOCAB)  # 5-token chunks
+
+
+def llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False, **overrides)  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def gpt2_tied() -> torch.nn.Module:
+    return gpt2(**NO_DROPOUT)  # tied embeddings
+
+
+def gpt2_with_head_bias() -> torch.nn.Module:
+    model = gpt2_tied()
+    model.lm_head.bias = torch.nn.Parameter(torch.randn(VOCAB, generator=torch.Generator().manual_seed(1)))
+    return model
+
+
+def batch() -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[0, :5] = -100  # a prompt left out of the loss
+    labels[2, 9:] = -100  # padding
+    return {"input_ids": ids, "labels": labels}
+
+
+@pytest.mark.parametrize("make", [llama, gpt2_tied, gpt2_with_head_bias], ids=["llama", "gpt2-tied", "head-bias"])
+@pytest.mark.parametrize("num_items", [None, 40])
+def test_loss_and_gradients_are_the_models_own(make, num_items):
+    model = make()
+    reference = copy.deepcopy(model)
+    kwargs = {} if num_items is None else {"num_items_in_batch": torch.tensor(num_items)}
+    expected = reference(**batch(), **kwargs)
+    expected.loss.backward()
+    head_shapes = []
+    model.get_output_embeddings().register_forward_hook(lambda m, a, out: head_shapes.append(out.shape))
+    with FusedLinearCrossEntropy.of(model).step():
+        got = model(**batch(), **kwargs)
+    got.loss.backward()
+    assert head_shapes == [(3, 1, VOCAB)]  # the full logits are never computed
+    torch.testing.assert_close(got.loss, expected.loss, rtol=1e-5, atol=0)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_function_matches_for_causal_lm_loss_with_shift_labels_and_no_grad():
+    g = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(2, 7, 16, generator=g), torch.randn(VOCAB, 16, generator=g)
+    labels = torch.randint(0, VOCAB, (2, 7), generator=g)
+    shifted = labels.roll(-1, 1)
+    shifted[:, -1], shifted[1, 3] = -100, -100
+    logits = torch.nn.functional.linear(hidden, weight)
+    for kwargs in ({"shift_labels": shifted}, {"shift_labels": shifted, "num_items_in_batch": 9}, {}):
+        expected = ForCausalLMLoss(logits, labels, VOCAB, **kwargs)
+        with torch.no_grad():
+            got = linear_cross_entropy(hidden, weight, labels, chunk_tokens=3, **kwargs)
+        torch.testing.assert_close(got, expected, rtol=1e-6, atol=0)
+
+
+def test_compiles_without_graph_breaks():
+    """The whole model, its hooks and the fused loss, forward and backward, in one graph (a break raises)."""
+    model, reference = llama(), llama()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    kwargs = {**batch(), "num_items_in_batch": torch.tensor(23)}
+    expected = reference(**kwargs).loss
+    expected.backward()
+    with FusedLinearCrossEntropy.of(model).step():
+        got = compiled(**kwargs)
+    got.loss.backward()
+    assert got.logits.shape[1] == 1
+    torch.testing.assert_close(got.loss, expected, rtol=1e-5, atol=0)
+    torch.testing.assert_close(model.lm_head.weight.grad, reference.lm_head.weight.grad, rtol=1e-4, atol=1e-6)
+
+
+def padded_rows(rows: int = 16) -> list[dict]:
+    """lm_data's rows with a different number of padded (-100) label positions each: num_items_in_batch
+    differs between the batches of one accumulated step."""
+    data = lm_data(rows)
+    for i, row in enumerate(data):
+        row["labels"] = row["labels"][: 16 - i % 7] + [-100] * (i % 7)
+    return data
+
+
+def train(model, tmp_path, fused: bool, **kwargs) -> tuple[GaudiTrainer, list[float]]:
+    args = GaudiTrainingArguments(
+        output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+        logging_steps=1, report_to=[], seed=0, save_strategy="no", use_fused_linear_cross_entropy=fused, **kwargs,
+    )  # fmt: skip
+    trainer = GaudiTrainer(model=model, args=args, train_dataset=padded_rows())
+    trainer.train()
+    return trainer, [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def test_trainer_losses_match_under_gradient_accumulation(tmp_path):
+    ref_trainer, expected = train(llama(), tmp_path / "a", fused=False)
+    model, head_outputs = llama(), []
+    model.lm_head.register_forward_hook(lambda m, a, out: head_outputs.append(tuple(out.shape)))
+    trainer, got = train(model, tmp_path / "b", fused=True)
+    assert head_outputs == [(2, 1, VOCAB)] * 6  # one position a row: no full logits in any step
+    assert len(got) == 3
+    assert got == pytest.approx(expected, rel=1e-5)
+    for p, q in zip(trainer.model.parameters(), ref_trainer.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+def test_gaudi_config_key_and_evaluation_keep_the_logits(tmp_path):
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), max_steps=1, report_to=[], save_strategy="no")
+    trainer = GaudiTrainer(
+        model=llama(),
+        args=args,
+        train_dataset=padded_rows(),
+        gaudi_config=GaudiConfig(use_fused_linear_cross_entropy=True),
+    )
+    trainer.train()
+    assert FusedLinearCrossEntropy.of(trainer.model).checked  # the fused loss ran
+    predictions = trainer.predict(padded_rows(4))
+    assert predictions.predictions.shape == (4, 16, VOCAB)
+    assert predictions.metrics["test_loss"] == pytest.approx(trainer.evaluate(padded_rows(4))["eval_loss"], rel=1e-6)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs the [peft] extra")
+def test_lora_with_a_frozen_head(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    def lora():
+        return get_peft_model(llama(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+
+    _, expected = train(lora(), tmp_path / "a", fused=False, learning_rate=1e-2)
+    trainer, got = train(lora(), tmp_path / "b", fused=True, learning_rate=1e-2)
+    assert not trainer.model.get_base_model().lm_head.weight.requires_grad
+    assert got == pytest.approx(expected, rel=1e-5)
+
+
+def gemma2() -> Gemma2ForCausalLM:
+    torch.manual_seed(0)
+    return Gemma2ForCausalLM(
+        Gemma2Config(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            head_dim=16,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            final_logit_softcapping=30.0,
+        )  # fmt: skip
+    )
+
+
+def scaled_head() -> LlamaForCausalLM:
+    """A head that does more than its linear layer, with no Llama config key saying so."""
+    model = llama()
+    model.lm_head.register_forward_hook(lambda m, a, out: out * 0.125)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [(gemma2, "final_logit_softcapping=30.0"), (scaled_head, "scales or caps")],
+    ids=["softcap", "scale"],
+)
+def test_a_head_that_does_more_is_refused_in_one_line(make, says, tmp_path):
+    with pytest.raises(UserError, match=says) as raised:
+        train(make(), tmp_path, fused=True)
+    assert "\n" not in str(raised.value)
+
+
+class OwnLoss(GaudiTrainer):
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+
+@pytest.mark.parametrize(
+    ("trainer_cls", "extra", "says"),
+    [(OwnLoss, {}, "OwnLoss overrides compute_loss"), (GaudiTrainer, {"label_smoothing_factor": 0.1}, "smooths")],
+)
+def test_what_needs_the_logits_is_refused_when_the_trainer_is_built(trainer_cls, extra, says, tmp_path):
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), report_to=[], use_fused_linear_cross_entropy=True, **extra)
+    with pytest.raises(UserError, match=says):
+        trainer_cls(model=llama(), args=args, train_dataset=padded_rows())
+
+
+def test_the_gaudi_config_key_steps_aside_where_it_cannot_serve(tmp_path, caplog):
+    """The bundled configs turn the key on: a trainer or model it cannot serve trains with the full logits,
+    after one warning, where the flag is an error."""
+    on = GaudiConfig(use_fused_linear_cross_entropy=True)
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), report_to=[], max_steps=1, save_strategy="no")
+    with caplog.at_level("WARNING", logger="optimum_gaudi"):
+        assert not OwnLoss(model=llama(), args=args, gaudi_config=on)._fused_loss
+        trainer = GaudiTrainer(model=gemma2(), args=args, train_dataset=padded_rows(), gaudi_config=on)
+        trainer.train()
+    assert "OwnLoss overrides compute_loss" in caplog.text
+    assert "final_logit_softcapping=30.0" in caplog.text
+    assert FusedLinearCrossEntropy.of(trainer.model, strict=False) is None
