@@ -30,8 +30,9 @@ def _small_chunks(monkeypatch):
 
 def llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False, **overrides)  # fmt: skip
+    sizes = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, tie_word_embeddings=False)  # fmt: skip
+    config = LlamaConfig(**{**sizes, **overrides})
     return LlamaForCausalLM(config)
 
 
@@ -131,6 +132,17 @@ def test_trainer_losses_match_under_gradient_accumulation(tmp_path):
     assert got == pytest.approx(expected, rel=1e-5)
     for p, q in zip(trainer.model.parameters(), ref_trainer.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.cpu
+def test_regional_compilation_which_compiles_the_loss_function_keeps_the_fused_loss(tmp_path):
+    """--use_regional_compilation compiles the model's loss_function before the first step: the fused loss still
+    recognises transformers' causal LM loss under it (it refused the model on the H200 benchmark before)."""
+    _, expected = train(llama(num_hidden_layers=2), tmp_path / "a", fused=False)
+    compiled = dict(torch_compile=True, use_regional_compilation=True, torch_compile_backend="aot_eager")
+    trainer, got = train(llama(num_hidden_layers=2), tmp_path / "b", fused=True, **compiled)
+    assert trainer.model.model.layers[0]._compiled_call_impl is not None  # the blocks were compiled regionally
+    assert len(got) == 3 and got == pytest.approx(expected, rel=1e-4)
 
 
 def test_gaudi_config_key_and_evaluation_keep_the_logits(tmp_path):

@@ -157,7 +157,9 @@ def _head_problem(model: nn.Module) -> str | None:
     if not isinstance(head, nn.Linear):
         kind = "none" if head is None else type(head).__name__
         return f"{name}'s output layer is {kind}, not a torch.nn.Linear (an adapter on lm_head, e.g. LoRA, counts)"
-    if getattr(model, "loss_function", None) is not ForCausalLMLoss:
+    loss_function = getattr(model, "loss_function", None)
+    loss_function = getattr(loss_function, "_torchdynamo_orig_callable", loss_function)  # compiled (regionally)
+    if loss_function is not ForCausalLMLoss:
         return f"{name} computes its loss otherwise than transformers' ForCausalLMLoss"
     configs = [model.config, getattr(model.config, "text_config", None)]
     for config in filter(None, configs):
