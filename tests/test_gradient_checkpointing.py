@@ -40,10 +40,10 @@ def losses(tmp_path, checkpointing: bool, **flags) -> list[float]:
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
 
-def assert_same_losses(tmp_path, **flags) -> None:
+def assert_same_losses(tmp_path, rel: float = 1e-6, **flags) -> None:
     without, with_checkpointing = losses(tmp_path, False, **flags), losses(tmp_path, True, **flags)
     assert len(without) == STEPS
-    assert with_checkpointing == pytest.approx(without, rel=1e-6, abs=0)
+    assert with_checkpointing == pytest.approx(without, rel=rel, abs=0)
 
 
 @pytest.mark.cpu
@@ -65,7 +65,10 @@ def test_checkpointing_changes_no_loss_with_torchao_fp8(tmp_path, torchao):
     ids=["eager", "cuda-graphs", "compiled"],
 )
 def test_checkpointing_changes_no_loss_on_cuda(tmp_path, flags):
-    assert_same_losses(tmp_path, **flags)
+    # compiled (CUDA graphs compile too), inductor fuses the checkpointed graph's bf16 kernels otherwise than the
+    # plain one's: 1.7e-5 relative on an H200 (torch 2.11); eager, the same kernels run and the losses are equal
+    compiled = flags.get("torch_compile") or flags.get("use_hpu_graphs_for_training")
+    assert_same_losses(tmp_path, rel=1e-4 if compiled else 1e-6, **flags)
 
 
 @pytest.fixture
