@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import resource
+import time
+
+import torch
 
 from .base import GB, Device
 from .host_memory import freed_memory_kept
@@ -35,6 +39,39 @@ def _meminfo_bytes(field: str) -> int | None:
     return None
 
 
+# torch.cpu.get_capabilities() names of the instructions that compute in bf16: x86's AVX512-BF16 and AMX, Arm's BF16
+# (NEON and SVE). Without them torch emulates bf16 (each element converted to float32 and back), slower than float32.
+BF16_CAPABILITIES = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")
+
+
+def cpu_has_bf16_instructions() -> bool:
+    """Whether this CPU computes in bf16 natively (AVX512-BF16, AMX, Arm BF16), as torch's cpuinfo reports it."""
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    if capabilities is None:  # torch before 2.9: the x86 checks only
+        older = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        return any(getattr(torch.cpu, name, lambda: False)() for name in older)
+    found = capabilities()
+    return any(found.get(name, False) for name in BF16_CAPABILITIES)
+
+
+@functools.cache
+def bf16_matmul_slowdown(size: int = 256) -> float:
+    """How many times as long a size x size matmul takes in bf16 as in float32 here, best of 3 each: ~0.1 s on a
+    CPU that emulates bf16. Built without random numbers, so that measuring leaves a seeded run's stream alone."""
+    x = torch.linspace(-1.0, 1.0, size * size).reshape(size, size)
+
+    def best(a: torch.Tensor) -> float:
+        torch.mm(a, a)  # warm-up
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            torch.mm(a, a)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    return best(x.bfloat16()) / best(x)
+
+
 class CPUDevice(Device):
     type = "cpu"
     ddp_backend = "gloo"
@@ -59,6 +96,20 @@ class CPUDevice(Device):
         "use_fused_rope": "no-op: the model's own rotary embedding",
         "fp8": "torchao Float8Linear: fp8 matmuls (torch._scaled_mm) in the linear layers",
     }
+
+    @property
+    def native_bf16(self) -> bool:
+        return cpu_has_bf16_instructions()
+
+    def bf16_note(self) -> str | None:
+        """Measured here (once per process), since emulated bf16 costs from a few times to 100x float32's time
+        depending on the CPU and the shapes."""
+        if self.native_bf16:
+            return None
+        return (
+            "this CPU has no bf16 instructions (AVX512-BF16, AMX, Arm BF16): bf16 is emulated, "
+            f"a 256x256 bf16 matmul took {bf16_matmul_slowdown():.0f}x as long as in float32 here"
+        )
 
     def loop_memory(self) -> contextlib.AbstractContextManager:
         """The model trains in host memory: glibc keeps freed blocks for the next step (host_memory)."""
