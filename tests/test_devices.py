@@ -119,13 +119,14 @@ def test_cpu_knows_whether_it_computes_bf16_natively(monkeypatch, found, native)
         assert "no bf16 instructions" in note and "42x as long as in float32" in note
 
 
-def test_bf16_slowdown_is_measured_without_touching_the_random_stream():
+def test_bf16_slowdown_is_measured_without_touching_the_random_stream_or_the_threads():
     from optimum_gaudi.devices.cpu import bf16_matmul_slowdown
 
-    state = torch.get_rng_state()
+    state, threads = torch.get_rng_state(), torch.get_num_threads()
     bf16_matmul_slowdown.cache_clear()
     assert bf16_matmul_slowdown() > 0
     assert torch.equal(torch.get_rng_state(), state)  # a seeded run trains the same with the note logged
+    assert torch.get_num_threads() == threads  # timed on one thread, then the run's threads again
 
 
 def bf16_lines(table):

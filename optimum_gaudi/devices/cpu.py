@@ -42,12 +42,13 @@ def _meminfo_bytes(field: str) -> int | None:
 # torch.cpu.get_capabilities() names of the instructions that compute in bf16: x86's AVX512-BF16 and AMX, Arm's BF16
 # (NEON and SVE). Without them torch emulates bf16 (each element converted to float32 and back), slower than float32.
 BF16_CAPABILITIES = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")
+SLOWDOWN_SIZE = 128  # the matmul bf16_matmul_slowdown times, the width of a small model's linear layers
 
 
 def cpu_has_bf16_instructions() -> bool:
     """Whether this CPU computes in bf16 natively (AVX512-BF16, AMX, Arm BF16), as torch's cpuinfo reports it."""
     capabilities = getattr(torch.cpu, "get_capabilities", None)
-    if capabilities is None:  # torch before 2.9: the x86 checks only
+    if capabilities is None:  # an older torch: its x86 checks only
         older = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
         return any(getattr(torch.cpu, name, lambda: False)() for name in older)
     found = capabilities()
@@ -55,21 +56,28 @@ def cpu_has_bf16_instructions() -> bool:
 
 
 @functools.cache
-def bf16_matmul_slowdown(size: int = 256) -> float:
-    """How many times as long a size x size matmul takes in bf16 as in float32 here, best of 3 each: ~0.1 s on a
-    CPU that emulates bf16. Built without random numbers, so that measuring leaves a seeded run's stream alone."""
-    x = torch.linspace(-1.0, 1.0, size * size).reshape(size, size)
+def bf16_matmul_slowdown() -> float:
+    """How many times as long a square matmul takes in bf16 as in float32 here, best of 5 each: ~0.1 s where bf16
+    is emulated. On one thread: on a busy machine two threads' waits for each other swamped the ratio (from 3x to
+    154x for one 256x256 matmul on an AVX2-only AMD EPYC; 21x to 29x for 128x128 on one thread). Built without
+    random numbers, so that measuring leaves a seeded run's stream alone."""
+    x = torch.linspace(-1.0, 1.0, SLOWDOWN_SIZE**2).reshape(SLOWDOWN_SIZE, SLOWDOWN_SIZE)
 
     def best(a: torch.Tensor) -> float:
         torch.mm(a, a)  # warm-up
         times = []
-        for _ in range(3):
+        for _ in range(5):
             start = time.perf_counter()
             torch.mm(a, a)
             times.append(time.perf_counter() - start)
         return min(times)
 
-    return best(x.bfloat16()) / best(x)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return best(x.bfloat16()) / best(x)
+    finally:
+        torch.set_num_threads(threads)
 
 
 class CPUDevice(Device):
@@ -102,13 +110,13 @@ class CPUDevice(Device):
         return cpu_has_bf16_instructions()
 
     def bf16_note(self) -> str | None:
-        """Measured here (once per process), since emulated bf16 costs from a few times to 100x float32's time
-        depending on the CPU and the shapes."""
+        """Measured here (once per process): what emulated bf16 costs depends on the CPU and the shapes."""
         if self.native_bf16:
             return None
         return (
             "this CPU has no bf16 instructions (AVX512-BF16, AMX, Arm BF16): bf16 is emulated, "
-            f"a 256x256 bf16 matmul took {bf16_matmul_slowdown():.0f}x as long as in float32 here"
+            f"a {SLOWDOWN_SIZE}x{SLOWDOWN_SIZE} bf16 matmul took {bf16_matmul_slowdown():.0f}x as long as in float32 here "
+            "(one thread)"
         )
 
     def loop_memory(self) -> contextlib.AbstractContextManager:

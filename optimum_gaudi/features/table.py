@@ -38,6 +38,6 @@ def _bf16_note(device: Device, args: Any, autocast_config: bool | None) -> str |
     """What bf16 costs on the device that autocasts (the host's with --half_precision_backend cpu_amp), where the
     run computes in bf16 and that device only emulates it. A run the user asked for bf16 keeps it: turning it off
     would change the results."""
-    if not (autocast_config or getattr(args, "bf16", False) or getattr(args, "bf16_full_eval", False)):
+    if not (autocast_config or getattr(args, "bf16", False)):
         return None
     return getattr(args, "autocast_device", device).bf16_note()
