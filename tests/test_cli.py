@@ -89,6 +89,16 @@ def test_env_on_cpu_reports_system_total_and_available_memory(capsys, monkeypatc
     assert total > 0.5  # the machine's, not this process's few hundred MB
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_env_says_whether_this_cpu_computes_bf16_natively(capsys, monkeypatch, native):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx2": True, "avx512_bf16": native})
+    monkeypatch.setattr("optimum_gaudi.devices.cpu.bf16_matmul_slowdown", lambda: 42.0)
+    assert main(["env"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("- bf16: ")]
+    assert (line == "- bf16: native") if native else ("no bf16 instructions" in line and "42x" in line)
+
+
 def test_env_on_cuda_reports_mem_get_info(capsys, monkeypatch):
     # torch.cuda stubbed at its boundary: this machine has no GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import FALLBACK_DEVICE
 
-from optimum_gaudi import GaudiTrainingArguments
+from optimum_gaudi import GaudiConfig, GaudiTrainingArguments
 from optimum_gaudi.devices import FEATURES, CPUDevice, CUDADevice, HPUDevice, NoGaudiError, detect_device
 from optimum_gaudi.features.table import feature_table
 
@@ -15,6 +15,12 @@ def no_gaudi(monkeypatch):
     """This machine has no Gaudi; make sure no simulator on sys.path pretends otherwise."""
     monkeypatch.delenv("OPTIMUM_GAUDI_REQUIRE_HPU", raising=False)
     monkeypatch.setattr("optimum_gaudi.devices.hpu_available", lambda: False)
+
+
+def cpu_capabilities(monkeypatch, **found):
+    """This CPU, as torch's cpuinfo would report it: only the capabilities named are present."""
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"architecture": "test", **found})
+    monkeypatch.setattr("optimum_gaudi.devices.cpu.bf16_matmul_slowdown", lambda: 42.0)  # the ratio it would measure
 
 
 def test_detects_best_available_device_without_gaudi(no_gaudi):
@@ -76,7 +82,8 @@ def test_cpu_clip_matches_torch_and_returns_the_pre_clip_norm():
     assert torch.allclose(torch.cat([a.grad, b.grad]).norm(), torch.tensor(1.0), atol=1e-5)
 
 
-def test_feature_table_lists_settings_and_behaviour(tmp_path):
+def test_feature_table_lists_settings_and_behaviour(tmp_path, monkeypatch):
+    cpu_capabilities(monkeypatch, amx_bf16=True)  # a CPU that computes bf16 natively: no bf16 line
     args = GaudiTrainingArguments(output_dir=str(tmp_path), use_lazy_mode=True, gaudi_config_name="gpt2", report_to=[])
     table = feature_table(CPUDevice(), args, args.gaudi_config)
     lines = table.splitlines()
@@ -84,3 +91,63 @@ def test_feature_table_lists_settings_and_behaviour(tmp_path):
     assert any(line.startswith("use_lazy_mode") and " on " in line and "eager" in line for line in lines)
     assert any(line.startswith("use_fused_adam") and "AdamW(fused=True)" in line for line in lines)
     assert any(line.startswith("distribution_strategy") and "ddp" in line for line in lines)
+
+
+# ---- bf16 where the CPU only emulates it: detection is monkeypatched, so the tests pass on any host ------------
+
+
+@pytest.mark.parametrize(
+    ("found", "native"),
+    [
+        ({"avx2": True, "avx512_f": True}, False),  # Intel Skylake-X to Ice Lake: AVX-512 without its bf16 part
+        ({"avx2": True, "avx512_bf16": True}, True),
+        ({"amx_tile": True, "amx_bf16": True}, True),
+        ({"neon": True, "bf16": True}, True),  # Arm with BF16 (Graviton 3, Apple M2+)
+        ({"neon": True}, False),
+    ],
+)
+def test_cpu_knows_whether_it_computes_bf16_natively(monkeypatch, found, native):
+    cpu_capabilities(monkeypatch, **found)
+    device = CPUDevice()
+    assert device.native_bf16 is native
+    note = device.bf16_note()
+    assert (note is None) is native
+    if not native:
+        assert "no bf16 instructions" in note and "42x as long as in float32" in note
+
+
+def test_bf16_slowdown_is_measured_without_touching_the_random_stream_or_the_threads():
+    from optimum_gaudi.devices.cpu import bf16_matmul_slowdown
+
+    state, threads = torch.get_rng_state(), torch.get_num_threads()
+    bf16_matmul_slowdown.cache_clear()
+    assert bf16_matmul_slowdown() > 0
+    assert torch.equal(torch.get_rng_state(), state)  # a seeded run trains the same with the note logged
+    assert torch.get_num_threads() == threads  # timed on one thread, then the run's threads again
+
+
+def bf16_lines(table):
+    return [line for line in table.splitlines() if line.startswith("bf16:")]
+
+
+@pytest.mark.parametrize(
+    ("autocast", "bf16", "said"), [(True, False, True), (False, True, True), (True, True, True), (False, False, False)]
+)
+def test_feature_table_says_in_one_line_that_bf16_is_emulated_where_the_run_uses_it(
+    monkeypatch, tmp_path, autocast, bf16, said
+):
+    cpu_capabilities(monkeypatch, avx2=True)
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), bf16=bf16, use_cpu=True, report_to=[])
+    config = GaudiConfig(use_fused_adam=True, use_torch_autocast=autocast)
+    lines = bf16_lines(feature_table(CPUDevice(), args, config))
+    assert len(lines) == int(said)
+    if said:  # bf16 stays on, as asked: only the user can trade its numerics for speed
+        assert "42x" in lines[0] and "without --bf16 and use_torch_autocast" in lines[0]
+
+
+def test_feature_table_has_no_bf16_line_where_bf16_is_native(monkeypatch, tmp_path):
+    cpu_capabilities(monkeypatch, amx_bf16=True)
+    args = GaudiTrainingArguments(
+        output_dir=str(tmp_path), gaudi_config_name="gpt2", bf16=True, use_cpu=True, report_to=[]
+    )
+    assert bf16_lines(feature_table(CPUDevice(), args, args.gaudi_config)) == []

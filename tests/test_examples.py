@@ -69,6 +69,14 @@ def load_script(name):
     return module
 
 
+def load_demo():
+    """examples/language-modeling/demo.py as a module (it loads run_clm.py from its own folder)."""
+    spec = importlib.util.spec_from_file_location("example_demo", EXAMPLES / "language-modeling" / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    return demo
+
+
 @pytest.fixture(scope="module")
 def tiny_causal_lm(tmp_path_factory, cache):
     """A tiny GPT-2 with the embedded tokenizer, saved as a pretrained model directory."""
@@ -128,9 +136,7 @@ def test_make_demo_replaces_its_own_model_and_no_other(tmp_path, monkeypatch):
     from optimum_gaudi.checkpoints import check_output_dir
     from optimum_gaudi.errors import UserError
 
-    spec = importlib.util.spec_from_file_location("example_demo", EXAMPLES / "language-modeling" / "demo.py")
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
+    demo = load_demo()
     monkeypatch.setattr(demo, "OUTPUT_DIR", str(tmp_path / "demo"))
     run_clm = demo._load_run_clm()
     for name in ("demo", "mine"):
@@ -144,6 +150,25 @@ def test_make_demo_replaces_its_own_model_and_no_other(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="already holds a trained model"):
         check("--output_dir", str(tmp_path / "mine"))
     check("--output_dir", str(tmp_path / "mine"), "--overwrite_output_dir")
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("native", [True, False])
+def test_make_demo_trains_in_float32_where_bf16_is_emulated(tmp_path, monkeypatch, tiny_gpt2, native):
+    """The demo picks its own precision: the gpt2 config's bf16 op lists where the device computes bf16 natively,
+    float32 where bf16 would be emulated (many times slower: the demo ran over 20 minutes on an AVX2-only CPU)."""
+    from optimum_gaudi import GaudiTrainer
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the demo runs on this CPU, whatever the host
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx2": True, "amx_bf16": native})
+    monkeypatch.setattr("optimum_gaudi.devices.cpu.bf16_matmul_slowdown", lambda: 42.0)
+    demo = load_demo()
+    argv = demo._run_clm_args(demo._parse(["--output_dir", str(tmp_path)]))
+    training_args = demo._load_run_clm().parse_args(argv)[2]
+    said = demo._pick_precision(training_args)
+    trainer = GaudiTrainer(model=tiny_gpt2(), args=training_args)
+    assert (trainer._autocast is not None) is native
+    assert said.startswith("bf16" if native else "float32") and ("42x" in said) is not native
 
 
 # ---- embedded tasks ----------------------------------------------------------------------------------------

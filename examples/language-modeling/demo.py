@@ -75,6 +75,17 @@ def _run_clm_args(opts: argparse.Namespace) -> list[str]:
     ]
 
 
+def _pick_precision(training_args) -> str:
+    """The Habana/gpt2 config autocasts to bf16 on its op lists, which is fast where the device computes bf16
+    natively (a Gaudi, a CPU with AVX512-BF16, AMX or Arm BF16). Elsewhere bf16 is emulated, many times slower
+    than float32, and the demo, which picks its own settings, trains in float32 instead."""
+    device = training_args.autocast_device
+    if device.native_bf16:
+        return "bf16 autocast on the Habana/gpt2 config's op lists"
+    training_args.gaudi_config.use_torch_autocast = False
+    return f"float32, as {device.bf16_note()}"
+
+
 def _sample(model: torch.nn.Module, tokenizer, prompt: str, seed: int) -> str:
     """Top-k sampling with a repetition penalty: greedy decoding of a model this small repeats blank lines."""
     torch.manual_seed(seed)
@@ -102,6 +113,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     model_args, data_args, training_args = run_clm.parse_args(_run_clm_args(opts))
     run_clm.setup_logging(training_args)
     check_output_dir(training_args)
+    precision = _pick_precision(training_args)
     trainer = run_clm.build_trainer(model_args, data_args, training_args)
 
     before = run_clm.evaluate_perplexity(trainer)
@@ -123,6 +135,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             f"{len(trainer.train_dataset)} train / {len(trainer.eval_dataset)} eval blocks of {BLOCK_SIZE} tokens "
             "(embedded corpus: CPython stdlib docstrings)",
         ),
+        ("precision", precision),
         ("eval loss", f"{before['eval_loss']:.3f} -> {metrics['eval_loss']:.3f}"),
         ("perplexity", f"{before['perplexity']:.1f} -> {metrics['perplexity']:.1f}"),
         (

@@ -74,6 +74,7 @@ def environment_report() -> str:
         ("CPUs", _usable_cpus()),
         ("device", f"{device.type} x {count}"),
         ("device memory", memory),
+        ("bf16", device.bf16_note() or "native"),
     ]
     env = sorted(
         f"{name}={value}"

@@ -129,6 +129,16 @@ class Device:
         params = list(parameters)
         return lambda: self.clip_grad_norm_(params, max_norm)
 
+    @property
+    def native_bf16(self) -> bool:
+        """Whether the device computes in bf16 natively. Where it only emulates bf16, autocasting to it trains
+        slower than float32: a run that picks its own precision (the demo) trains in float32 there."""
+        return True
+
+    def bf16_note(self) -> str | None:
+        """One line on what bf16 costs here, where it is emulated; None where it is native."""
+        return None if self.native_bf16 else f"bf16 is emulated on this {self.type.upper()}: slower than float32 here"
+
     def autocast_factory(
         self, bf16_ops: list[str] | None = None, fp32_ops: list[str] | None = None
     ) -> Callable[[], contextlib.AbstractContextManager]:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import resource
+import time
+
+import torch
 
 from .base import GB, Device
 from .host_memory import freed_memory_kept
@@ -35,6 +39,47 @@ def _meminfo_bytes(field: str) -> int | None:
     return None
 
 
+# torch.cpu.get_capabilities() names of the instructions that compute in bf16: x86's AVX512-BF16 and AMX, Arm's BF16
+# (NEON and SVE). Without them torch emulates bf16 (each element converted to float32 and back), slower than float32.
+BF16_CAPABILITIES = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")
+SLOWDOWN_SIZE = 128  # the matmul bf16_matmul_slowdown times, the width of a small model's linear layers
+
+
+def cpu_has_bf16_instructions() -> bool:
+    """Whether this CPU computes in bf16 natively (AVX512-BF16, AMX, Arm BF16), as torch's cpuinfo reports it."""
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    if capabilities is None:  # an older torch: its x86 checks only
+        older = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        return any(getattr(torch.cpu, name, lambda: False)() for name in older)
+    found = capabilities()
+    return any(found.get(name, False) for name in BF16_CAPABILITIES)
+
+
+@functools.cache
+def bf16_matmul_slowdown() -> float:
+    """How many times as long a square matmul takes in bf16 as in float32 here, best of 5 each: ~0.1 s where bf16
+    is emulated. On one thread: on a busy machine two threads' waits for each other swamped the ratio (from 3x to
+    154x for one 256x256 matmul on an AVX2-only AMD EPYC; 21x to 29x for 128x128 on one thread). Built without
+    random numbers, so that measuring leaves a seeded run's stream alone."""
+    x = torch.linspace(-1.0, 1.0, SLOWDOWN_SIZE**2).reshape(SLOWDOWN_SIZE, SLOWDOWN_SIZE)
+
+    def best(a: torch.Tensor) -> float:
+        torch.mm(a, a)  # warm-up
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            torch.mm(a, a)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return best(x.bfloat16()) / best(x)
+    finally:
+        torch.set_num_threads(threads)
+
+
 class CPUDevice(Device):
     type = "cpu"
     ddp_backend = "gloo"
@@ -60,6 +105,20 @@ class CPUDevice(Device):
         "use_fused_linear_cross_entropy": "training loss from the hidden states in chunks, no full logits",
         "fp8": "torchao Float8Linear: fp8 matmuls (torch._scaled_mm) in the linear layers",
     }
+
+    @property
+    def native_bf16(self) -> bool:
+        return cpu_has_bf16_instructions()
+
+    def bf16_note(self) -> str | None:
+        """Measured here (once per process): what emulated bf16 costs depends on the CPU and the shapes."""
+        if self.native_bf16:
+            return None
+        return (
+            "this CPU has no bf16 instructions (AVX512-BF16, AMX, Arm BF16): bf16 is emulated, "
+            f"a {SLOWDOWN_SIZE}x{SLOWDOWN_SIZE} bf16 matmul took {bf16_matmul_slowdown():.0f}x as long as in float32 here "
+            "(one thread)"
+        )
 
     def loop_memory(self) -> contextlib.AbstractContextManager:
         """The model trains in host memory: glibc keeps freed blocks for the next step (host_memory)."""

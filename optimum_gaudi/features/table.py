@@ -31,4 +31,16 @@ def feature_table(device: Device, args: Any = None, gaudi_config: Any = None) ->
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
     lines = [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c}" for a, b, c in rows]
     lines.insert(1, "-" * max(len(line) for line in lines))
+    note = _bf16_note(device, args, states["use_torch_autocast"])
+    if note is not None:
+        lines.append(f"bf16: {note}; for speed here, train in float32 (without --bf16 and use_torch_autocast).")
     return "\n".join(lines)
+
+
+def _bf16_note(device: Device, args: Any, autocast_config: bool | None) -> str | None:
+    """What bf16 costs on the device that autocasts (the host's with --half_precision_backend cpu_amp), where the
+    run computes in bf16 and that device only emulates it. A run the user asked for bf16 keeps it: turning it off
+    would change the results."""
+    if not (autocast_config or getattr(args, "bf16", False)):
+        return None
+    return getattr(args, "autocast_device", device).bf16_note()
