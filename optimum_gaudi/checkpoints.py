@@ -66,7 +66,9 @@ _MODEL_CONFIGS = ("config.json", "generation_config.json", "adapter_config.json"
 
 
 class CheckpointError(UserError, ValueError):
-    """A checkpoint to resume from that is missing, incomplete or does not fit the model."""
+    """A checkpoint to resume from that is missing, incomplete or does not fit the model. A ValueError whose
+    message starts with transformers' own words for the same mistake (Trainer.train's, _load_from_checkpoint's),
+    which code and tests written for transformers.Trainer match on; ours follow."""
 
 
 # ---- what is complete ---------------------------------------------------------------------------------------
@@ -348,16 +350,16 @@ def resolve_resume(resume: str | bool | None, output_dir: str | os.PathLike) -> 
             holds = list_checkpoints(output_dir)
             what = f"only incomplete checkpoints ({', '.join(p.name for p in holds)})" if holds else "no checkpoint"
             raise CheckpointError(
-                f"--resume_from_checkpoint true: --output_dir {output_dir} holds {what}; "
-                "drop --resume_from_checkpoint to start a new run."
+                f"No valid checkpoint found in output directory ({output_dir}): --resume_from_checkpoint true, but "
+                f"--output_dir {output_dir} holds {what}; drop --resume_from_checkpoint to start a new run."
             )
         _say_model_saved_again(found)
         return str(found)
     problem = checkpoint_problem(resume)
     if problem:
         raise CheckpointError(
-            f"--resume_from_checkpoint {resume} {problem}; pass a complete checkpoint-N directory, "
-            "or 'true' for the newest one in --output_dir."
+            f"Can't find a valid checkpoint at {resume}: --resume_from_checkpoint {resume} {problem}; pass a complete "
+            "checkpoint-N directory, or 'true' for the newest one in --output_dir."
         )
     _say_model_saved_again(resume)
     return str(resume)
