@@ -202,12 +202,40 @@ def test_training_resumes_from_the_newest_complete_checkpoint_and_cleans_staging
     run = _copy_run(finished_run, tmp_path / "run")
     (run / "checkpoint-3" / "trainer_state.json").unlink()
     (run / ".staging-checkpoint-9" / "checkpoint-9").mkdir(parents=True)
+    (run / ".staging-notes").mkdir()  # the user's: not a name we give
     trainer = make_trainer(run, max_steps=4)
     trainer.train(resume_from_checkpoint=True)
     assert [h["step"] for h in trainer.state.log_history if "loss" in h] == [1, 2, 3, 4]  # 1, 2 from checkpoint-2
-    assert not list(run.glob(".staging-*"))
+    assert [p.name for p in run.glob(".staging-*")] == [".staging-notes"]
     assert checkpoint_problem(run / "checkpoint-3") is None  # written again, complete this time
     assert checkpoint_problem(run / "checkpoint-4") is None
+
+
+def _killed_after_a_publish(finished_run: Path, run: Path) -> Path:
+    """What SIGKILL between a publish and its rotation leaves: three checkpoints under --save_total_limit 2 and
+    the empty staging directory; beside them a directory of the user's whose name starts like ours."""
+    _copy_run(finished_run, run)
+    (run / ".staging-checkpoint-3").mkdir()
+    (run / ".staging-notes").mkdir()
+    return run
+
+
+def test_a_resumed_run_first_tidies_what_a_kill_after_a_publish_left(finished_run, tmp_path):
+    run = _killed_after_a_publish(finished_run, tmp_path / "run")
+    make_trainer(run, max_steps=3, save_strategy="no", save_total_limit=2).train(resume_from_checkpoint=True)
+    assert [p.name for p in list_checkpoints(run)] == ["checkpoint-2", "checkpoint-3"]
+    assert sorted(p.name for p in run.glob(".staging-*")) == [".staging-notes"]
+
+
+def test_tidying_keeps_the_checkpoint_resumed_from_and_the_newest(finished_run, tmp_path):
+    run = _killed_after_a_publish(finished_run, tmp_path / "run")
+    resumed = make_trainer(run, max_steps=1, save_strategy="no", save_total_limit=2)
+    resumed.train(resume_from_checkpoint=str(run / "checkpoint-1"))
+    assert [p.name for p in list_checkpoints(run)] == ["checkpoint-1", "checkpoint-3"]
+    fresh = _killed_after_a_publish(finished_run, tmp_path / "fresh")
+    make_trainer(fresh, max_steps=1, save_strategy="no", save_total_limit=2, overwrite_output_dir=False).train()
+    assert len(list_checkpoints(fresh)) == 3  # not resuming: another run's checkpoints are not this run's to rotate
+    assert sorted(p.name for p in fresh.glob(".staging-*")) == [".staging-notes"]
 
 
 @pytest.mark.parametrize("checkpoints", [True, False])

@@ -27,6 +27,7 @@ from ..checkpoints import (
     remove_previous_checkpoints,
     resolve_resume,
     staged_checkpoint,
+    tidy_before_resuming,
     warn_if_pickles_are_unsafe_here,
 )
 from ..configuration.gaudi_config import GaudiConfig
@@ -546,6 +547,9 @@ class GaudiTrainerMixin(TrainerShims):
             warn_if_pickles_are_unsafe_here(checkpoint)
         elif self.args.overwrite_output_dir and self.args.should_save:
             remove_previous_checkpoints(self.args.output_dir)
+        self.accelerator.wait_for_everyone()  # every rank has chosen its checkpoint before any is deleted
+        if self.args.should_save:
+            tidy_before_resuming(self.args.output_dir, self.args.save_total_limit, checkpoint)
         preemption = Preemption()
         self.add_callback(preemption)
         try:
