@@ -5,13 +5,23 @@ The handler only sets a flag; the step end acts on it. Under several processes t
 all-reduce of the flag at each step end, over gloo on the host, so no device sync), because a checkpoint is a
 collective: ranks that stopped at different steps would wait for each other forever. The orchestrator's grace
 period must cover one step and one checkpoint; the log says how long both took when the signal came.
+
+Two things would spend that grace period or waste the checkpoint: a launcher killed outright (SIGKILL) leaves
+its ranks writing into a pipe nobody reads, where every write fails (the checkpoint would fail at its first
+progress bar), so such output goes to /dev/null; and once the checkpoint is published the process ends at
+once (:func:`exit_after_checkpoint`) instead of spending seconds freeing every object at interpreter exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
+import os
+import select
 import signal
+import stat
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -67,6 +77,7 @@ class Preemption(TrainerCallback):
         self.step_seconds = now - self._step_started
         if self._agreed():
             self.stopped, self.stop_step = True, state.global_step
+            silence_output_nobody_reads()
             logger.warning(
                 "SIGTERM: stopping after step %d, writing its checkpoint (the step took %.1f s%s).",
                 state.global_step,
@@ -102,3 +113,38 @@ def _agreement_group(args: Any) -> Any:
     if dist.get_backend() == "gloo":
         return dist.group.WORLD
     return dist.new_group(backend="gloo")
+
+
+def _nobody_reads(fd: int) -> bool:
+    """Whether ``fd`` is a pipe whose reading end is closed: every write to it fails (EPIPE)."""
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))  # Linux: a pipe without readers
+    except (OSError, ValueError, AttributeError):  # no poll() on this platform, or no such descriptor
+        return False
+
+
+def silence_output_nobody_reads() -> None:
+    """Point stdout and stderr at /dev/null when the process reading them is gone (the launcher was killed; the
+    ranks write into its pipe): the rest of the run, its checkpoint above all, must not fail on a log line."""
+    for fd in (1, 2):
+        if _nobody_reads(fd):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, fd)
+            os.close(devnull)
+
+
+def exit_after_checkpoint(code: int = EXIT_CODE) -> None:
+    """End the process now that the checkpoint is published (every rank is past its last collective): run the
+    exit handlers (integrations flush their logs there), flush the streams, and skip the interpreter's teardown,
+    which can take longer than the checkpoint did and would eat the rest of the grace period."""
+    silence_output_nobody_reads()
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()  # logging.shutdown among them
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

@@ -47,8 +47,7 @@ from ..features.table import feature_table
 from ..features.unused_parameters import unused_parameters
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .events import InternalCallbackHandler
-from .preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
-from .preemption import Preemption
+from .preemption import Preemption, exit_after_checkpoint
 from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin, check_report_to
 
 logger = logging.getLogger(__name__)
@@ -563,8 +562,8 @@ class GaudiTrainerMixin(TrainerShims):
         return result
 
     def _end_preempted_run(self, preemption: Preemption) -> None:
-        """After SIGTERM: the checkpoint of the last step is published; end the process (143) rather than
-        go on with the script's evaluation and final save, which the grace period was not meant to cover."""
+        """After SIGTERM: the checkpoint of the last step is published; end the process (143) at once rather
+        than go on with the script's evaluation and final save, which the grace period was not meant to cover."""
         where = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{preemption.stop_step}")
         self.accelerator.wait_for_everyone()
         if not os.path.isdir(where):  # --save_strategy best with an evaluation at that step kept only a better one
@@ -577,7 +576,7 @@ class GaudiTrainerMixin(TrainerShims):
                 where,
                 preemption.save_seconds or 0.0,
             )
-        raise SystemExit(PREEMPTED_EXIT_CODE)
+        exit_after_checkpoint()
 
     def _get_output_dir(self, trial: Any) -> str:
         return getattr(self, "_staging_root", None) or super()._get_output_dir(trial)
