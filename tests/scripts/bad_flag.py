@@ -1,7 +1,5 @@
-"""Test helper run by the launcher: a script that refuses a flag it does not know, as the examples do.
-
-    bad_flag.py [--steps N]
-"""
+"""Test helper run by the launcher: a script that refuses a flag it does not know (only --steps N), as the
+examples do."""
 
 import argparse
 
