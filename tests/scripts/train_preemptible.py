@@ -59,8 +59,8 @@ class Watch(TrainerCallback):
 class SlowTeardown:
     """Freed when the interpreter tears down its modules, as a big model's objects are: a minute of it."""
 
-    def __del__(self) -> None:
-        time.sleep(60)
+    def __del__(self, sleep=time.sleep) -> None:  # bound now: at teardown the module's globals are gone
+        sleep(60)
 
 
 TEARDOWN = SlowTeardown()
