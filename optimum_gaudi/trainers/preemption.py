@@ -8,8 +8,9 @@ period must cover one step and one checkpoint; the log says how long both took w
 
 Two things would spend that grace period or waste the checkpoint: a launcher killed outright (SIGKILL) leaves
 its ranks writing into a pipe nobody reads, where every write fails (the checkpoint would fail at its first
-progress bar), so such output goes to /dev/null; and once the checkpoint is published the process ends at
-once (:func:`exit_after_checkpoint`) instead of spending seconds freeing every object at interpreter exit.
+progress bar), so from the signal on such output is dropped (:class:`OutputThatCannotFail`); and once the
+checkpoint is published the process ends at once (:func:`exit_after_checkpoint`) instead of spending seconds
+freeing every object at interpreter exit.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import atexit
 import contextlib
 import logging
 import os
-import select
 import signal
 import stat
 import sys
@@ -47,9 +47,11 @@ class Preemption(TrainerCallback):
         self.step_seconds = 0.0
         self.save_seconds: float | None = None
         self._save_started: float | None = None
+        self.output = OutputThatCannotFail()  # installed at the signal
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self.requested = True  # no I/O here: the step end logs and saves
+        self.output.install()  # as early as can be: the launcher may be gone already
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -65,6 +67,8 @@ class Preemption(TrainerCallback):
         finally:
             if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
                 signal.signal(signal.SIGTERM, previous)
+            if not self.stopped:  # a signal too late to stop training: the script goes on, its output as it was
+                self.output.restore()
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._group = _agreement_group(args)
@@ -77,7 +81,7 @@ class Preemption(TrainerCallback):
         self.step_seconds = now - self._step_started
         if self._agreed():
             self.stopped, self.stop_step = True, state.global_step
-            silence_output_nobody_reads()
+            self.output.install()  # a rank that agreed to stop without the signal of its own
             logger.warning(
                 "SIGTERM: stopping after step %d, writing its checkpoint (the step took %.1f s%s).",
                 state.global_step,
@@ -115,36 +119,65 @@ def _agreement_group(args: Any) -> Any:
     return dist.new_group(backend="gloo")
 
 
-def _nobody_reads(fd: int) -> bool:
-    """Whether ``fd`` is a pipe whose reading end is closed: every write to it fails (EPIPE)."""
-    try:
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return False
-        poller = select.poll()
-        poller.register(fd, select.POLLOUT)
-        return any(events & select.POLLERR for _, events in poller.poll(0))  # Linux: a pipe without readers
-    except (OSError, ValueError, AttributeError):  # no poll() on this platform, or no such descriptor
-        return False
+class OutputThatCannotFail:
+    """From the signal to the exit, stdout and stderr (where they are pipes) go through a pipe of this process,
+    copied on by a thread; where the copy fails because nobody reads any more (the launcher was killed: the ranks
+    write into its pipe, and every write would raise BrokenPipeError), the output is dropped instead, and the
+    checkpoint does not fail at its first progress bar. Files and terminals never fail so and are left alone."""
+
+    def __init__(self) -> None:
+        self._copies: list[tuple[int, int, threading.Thread]] = []  # (fd, where it went, copier)
+
+    def install(self) -> None:
+        """Descriptor calls only (what Python has buffered goes out later, through our pipe): safe in a signal
+        handler, which may run inside a write of the main thread. A second call does nothing."""
+        for fd in (1, 2) if not self._copies else ():
+            try:
+                if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                    continue
+            except OSError:
+                continue
+            original = os.dup(fd)
+            read_end, write_end = os.pipe()
+            os.dup2(write_end, fd)
+            os.close(write_end)
+            copier = threading.Thread(target=_copy, args=(read_end, original), name="preemption-output", daemon=True)
+            copier.start()
+            self._copies.append((fd, original, copier))
+
+    def restore(self, timeout: float = 2.0) -> None:
+        """Put the streams back and let the copiers pass on what is left (at most ``timeout`` seconds)."""
+        _flush_streams()
+        for fd, original, _ in self._copies:
+            os.dup2(original, fd)  # our pipe's last write end closes: its copier reads to the end and stops
+        for _, original, copier in self._copies:
+            copier.join(timeout)
+            os.close(original)
+        self._copies = []
 
 
-def silence_output_nobody_reads() -> None:
-    """Point stdout and stderr at /dev/null when the process reading them is gone (the launcher was killed; the
-    ranks write into its pipe): the rest of the run, its checkpoint above all, must not fail on a log line."""
-    for fd in (1, 2):
-        if _nobody_reads(fd):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, fd)
-            os.close(devnull)
+def _copy(read_end: int, to: int) -> None:
+    reader_alive = True
+    while chunk := os.read(read_end, 65536):
+        while reader_alive and chunk:
+            try:
+                chunk = chunk[os.write(to, chunk) :]
+            except OSError:  # EPIPE: the reader is gone; what comes later has nowhere to go
+                reader_alive = False
+    os.close(read_end)
 
 
-def exit_after_checkpoint(code: int = EXIT_CODE) -> None:
-    """End the process now that the checkpoint is published (every rank is past its last collective): run the
-    exit handlers (integrations flush their logs there), flush the streams, and skip the interpreter's teardown,
-    which can take longer than the checkpoint did and would eat the rest of the grace period."""
-    silence_output_nobody_reads()
-    with contextlib.suppress(Exception):
-        atexit._run_exitfuncs()  # logging.shutdown among them
+def _flush_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+
+
+def exit_after_checkpoint(output: OutputThatCannotFail, code: int = EXIT_CODE) -> None:
+    """End the process now that the checkpoint is published (every rank is past its last collective): run the
+    exit handlers (integrations flush their logs there), flush the streams, and skip the interpreter's teardown,
+    which can take longer than the checkpoint did and would eat the rest of the grace period."""
+    with contextlib.suppress(Exception):
+        atexit._run_exitfuncs()  # logging.shutdown among them
+    output.restore()
     os._exit(code)

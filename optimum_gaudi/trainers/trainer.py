@@ -576,7 +576,7 @@ class GaudiTrainerMixin(TrainerShims):
                 where,
                 preemption.save_seconds or 0.0,
             )
-        exit_after_checkpoint()
+        exit_after_checkpoint(preemption.output)
 
     def _get_output_dir(self, trial: Any) -> str:
         return getattr(self, "_staging_root", None) or super()._get_output_dir(trial)
