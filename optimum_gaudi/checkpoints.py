@@ -5,7 +5,8 @@ beside it (``OUTPUT_DIR/.staging-checkpoint-N/checkpoint-N``): every rank writes
 process alone under DDP, every rank under DeepSpeed or FSDP). After a barrier the saving process lists every
 file with its size in ``checkpoint_manifest.json``, fsyncs the files and directories, and renames the directory
 to ``OUTPUT_DIR/checkpoint-N``: one atomic rename on one file system. A kill at any moment leaves no
-``checkpoint-N`` or a complete one; staging leftovers are removed by the next save and never resumed from.
+``checkpoint-N`` or a complete one; staging leftovers are never resumed from, and are removed when the next run
+starts (which also applies ``--save_total_limit`` to the checkpoints it resumes) and by the next save.
 
 A checkpoint directory is *complete* when (see :func:`checkpoint_problem`): every file its manifest lists is
 there with the size written (checkpoints of plain transformers have no manifest: this part is skipped), but for
@@ -48,6 +49,7 @@ TRAINER_STATE_NAME = "trainer_state.json"
 STAGING_PREFIX = ".staging-"
 MIN_FREE_BYTES = 1 << 20  # less than this free where --output_dir lives: the disk is full
 _CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+_STAGING_NAME = re.compile(rf"^{re.escape(STAGING_PREFIX)}(replaced-)?{PREFIX_CHECKPOINT_DIR}-\d+$")  # as we name them
 # Model weights as transformers, PEFT, FSDP and DeepSpeed write them (any one is enough); the files in the order
 # Trainer._load_from_checkpoint looks for them.
 _WEIGHT_FILES = (
@@ -66,7 +68,9 @@ _MODEL_CONFIGS = ("config.json", "generation_config.json", "adapter_config.json"
 
 
 class CheckpointError(UserError, ValueError):
-    """A checkpoint to resume from that is missing, incomplete or does not fit the model."""
+    """A checkpoint to resume from that is missing, incomplete or does not fit the model. A ValueError whose
+    message starts with transformers' own words for the same mistake (Trainer.train's, _load_from_checkpoint's),
+    which code and tests written for transformers.Trainer match on; ours follow."""
 
 
 # ---- what is complete ---------------------------------------------------------------------------------------
@@ -348,16 +352,16 @@ def resolve_resume(resume: str | bool | None, output_dir: str | os.PathLike) -> 
             holds = list_checkpoints(output_dir)
             what = f"only incomplete checkpoints ({', '.join(p.name for p in holds)})" if holds else "no checkpoint"
             raise CheckpointError(
-                f"--resume_from_checkpoint true: --output_dir {output_dir} holds {what}; "
-                "drop --resume_from_checkpoint to start a new run."
+                f"No valid checkpoint found in output directory ({output_dir}): --resume_from_checkpoint true, but "
+                f"--output_dir {output_dir} holds {what}; drop --resume_from_checkpoint to start a new run."
             )
         _say_model_saved_again(found)
         return str(found)
     problem = checkpoint_problem(resume)
     if problem:
         raise CheckpointError(
-            f"--resume_from_checkpoint {resume} {problem}; pass a complete checkpoint-N directory, "
-            "or 'true' for the newest one in --output_dir."
+            f"Can't find a valid checkpoint at {resume}: --resume_from_checkpoint {resume} {problem}; pass a complete "
+            "checkpoint-N directory, or 'true' for the newest one in --output_dir."
         )
     _say_model_saved_again(resume)
     return str(resume)
@@ -481,11 +485,27 @@ def write_manifest(directory: Path) -> None:
 
 
 def remove_staging_leftovers(run_dir: str | os.PathLike) -> None:
-    """Staging directories of saves that never finished (the process was killed)."""
+    """Staging directories of saves that never finished (the process was killed): ours only, by their names."""
     directory = Path(run_dir)
     if directory.is_dir():
-        for leftover in directory.glob(f"{STAGING_PREFIX}*"):
-            shutil.rmtree(leftover, ignore_errors=True)
+        for leftover in directory.iterdir():
+            if _STAGING_NAME.match(leftover.name) and leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+
+
+def tidy_before_resuming(run_dir: str | os.PathLike, limit: int | None, resumed: str | None) -> None:
+    """What a kill right after a publish leaves (its staging directory; with ``--save_total_limit``, one checkpoint
+    too many, as rotation follows the publish) tidied when the next run starts, not at its first save. Checkpoints
+    are rotated only when the run resumes (they are its own); the one it resumes from, the best one its state
+    names and the newest complete one are kept."""
+    remove_staging_leftovers(run_dir)
+    if resumed is None:
+        return
+    try:
+        best = TrainerState.load_from_json(os.path.join(resumed, TRAINER_STATE_NAME)).best_model_checkpoint
+    except (OSError, ValueError):
+        best = None
+    rotate_checkpoints(run_dir, limit, keep={resumed, best})
 
 
 def publish(staged: Path, final: Path) -> None:

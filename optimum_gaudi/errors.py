@@ -23,6 +23,10 @@ What counts as a user error:
 - an ``OSError`` from the file system the user pointed at (no space left, read-only, permission denied, not a
   directory, ...), reported with the path it names;
 - Ctrl-C: ``interrupted`` and exit status 130.
+
+Under ``optimum-gaudi launch`` every rank would print the same line (a bad flag fails on each): there the
+first rank's line goes to the file the launcher names in ``OPTIMUM_GAUDI_LAUNCH_USER_ERROR``, and the launcher
+prints it once, exit status 2, as the script alone would.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import contextlib
 import difflib
 import errno
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +44,7 @@ from typing import Any, NoReturn
 
 EXIT_USER_ERROR = 2  # as argparse uses for a bad command line
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+LAUNCH_USER_ERROR_ENV = "OPTIMUM_GAUDI_LAUNCH_USER_ERROR"  # set by optimum-gaudi launch for its ranks
 
 # File-system errors that come from where the user asked to read or write, not from a bug.
 _USER_ERRNOS = {
@@ -103,9 +109,27 @@ def call_main(main: Callable[..., Any], argv: Sequence[str] | None = None) -> in
         if message is None:
             raise
         _close_progress_bars()
-        print(f"error: {message}", file=sys.stderr, flush=True)
+        if not _left_for_the_launcher(message):
+            print(f"error: {message}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR
     return 0
+
+
+def _left_for_the_launcher(message: str) -> bool:
+    """Under optimum-gaudi launch: leave the line for the launcher to print (the first rank's only); False
+    where there is no launcher to print it."""
+    path = os.environ.get(LAUNCH_USER_ERROR_ENV)
+    if not path:
+        return False
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return True  # another rank's line is there
+    except OSError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(message)
+    return True
 
 
 def _close_progress_bars() -> None:

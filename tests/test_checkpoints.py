@@ -14,6 +14,7 @@ import logging
 import multiprocessing
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -26,6 +27,7 @@ import pytest
 import safetensors.torch
 import tiny
 import torch
+import transformers
 from transformers import TrainerCallback
 from transformers.trainer_callback import TrainerState
 
@@ -40,6 +42,7 @@ from optimum_gaudi.checkpoints import (
     resolve_resume,
     rotate_checkpoints,
 )
+from optimum_gaudi.errors import UserError
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -199,12 +202,40 @@ def test_training_resumes_from_the_newest_complete_checkpoint_and_cleans_staging
     run = _copy_run(finished_run, tmp_path / "run")
     (run / "checkpoint-3" / "trainer_state.json").unlink()
     (run / ".staging-checkpoint-9" / "checkpoint-9").mkdir(parents=True)
+    (run / ".staging-notes").mkdir()  # the user's: not a name we give
     trainer = make_trainer(run, max_steps=4)
     trainer.train(resume_from_checkpoint=True)
     assert [h["step"] for h in trainer.state.log_history if "loss" in h] == [1, 2, 3, 4]  # 1, 2 from checkpoint-2
-    assert not list(run.glob(".staging-*"))
+    assert [p.name for p in run.glob(".staging-*")] == [".staging-notes"]
     assert checkpoint_problem(run / "checkpoint-3") is None  # written again, complete this time
     assert checkpoint_problem(run / "checkpoint-4") is None
+
+
+def _killed_after_a_publish(finished_run: Path, run: Path) -> Path:
+    """What SIGKILL between a publish and its rotation leaves: three checkpoints under --save_total_limit 2 and
+    the empty staging directory; beside them a directory of the user's whose name starts like ours."""
+    _copy_run(finished_run, run)
+    (run / ".staging-checkpoint-3").mkdir()
+    (run / ".staging-notes").mkdir()
+    return run
+
+
+def test_a_resumed_run_first_tidies_what_a_kill_after_a_publish_left(finished_run, tmp_path):
+    run = _killed_after_a_publish(finished_run, tmp_path / "run")
+    make_trainer(run, max_steps=3, save_strategy="no", save_total_limit=2).train(resume_from_checkpoint=True)
+    assert [p.name for p in list_checkpoints(run)] == ["checkpoint-2", "checkpoint-3"]
+    assert sorted(p.name for p in run.glob(".staging-*")) == [".staging-notes"]
+
+
+def test_tidying_keeps_the_checkpoint_resumed_from_and_the_newest(finished_run, tmp_path):
+    run = _killed_after_a_publish(finished_run, tmp_path / "run")
+    resumed = make_trainer(run, max_steps=1, save_strategy="no", save_total_limit=2)
+    resumed.train(resume_from_checkpoint=str(run / "checkpoint-1"))
+    assert [p.name for p in list_checkpoints(run)] == ["checkpoint-1", "checkpoint-3"]
+    fresh = _killed_after_a_publish(finished_run, tmp_path / "fresh")
+    make_trainer(fresh, max_steps=1, save_strategy="no", save_total_limit=2, overwrite_output_dir=False).train()
+    assert len(list_checkpoints(fresh)) == 3  # not resuming: another run's checkpoints are not this run's to rotate
+    assert sorted(p.name for p in fresh.glob(".staging-*")) == [".staging-notes"]
 
 
 @pytest.mark.parametrize("checkpoints", [True, False])
@@ -264,6 +295,40 @@ def test_best_model_checkpoint_names_the_published_directory(tmp_path):
 def test_resume_true_without_a_checkpoint_is_a_checkpoint_error(tmp_path):
     with pytest.raises(CheckpointError, match="holds no checkpoint"):
         make_trainer(tmp_path / "run", max_steps=1).train(resume_from_checkpoint=True)
+
+
+def transformers_words(module_file: str, words: str) -> re.Pattern:
+    """The f-string message of the installed transformers that contains ``words``, as a pattern (its fields
+    match anything): read from its source, so a reworded transformers fails here rather than in a user's code."""
+    source = (Path(transformers.__file__).parent / module_file).read_text(encoding="utf-8")
+    literals = [m.group(1) for m in re.finditer(r'\bf"((?:[^"\\]|\\.)*)"', source) if words in m.group(1)]
+    assert len(literals) == 1, f"transformers' {module_file} has {len(literals)} messages with {words!r}"
+    parts = re.split(r"\{[^{}]*\}", literals[0])
+    return re.compile(".+?".join(re.escape(part) for part in parts))
+
+
+def test_resume_mistakes_start_with_transformers_words_and_are_value_errors(tmp_path):
+    """Code and tests written for transformers.Trainer (its own test suite included) match these words and catch
+    ValueError; GaudiTrainer refuses the same mistakes earlier, so its messages begin with them."""
+    bogus = tmp_path / "run" / "checkpoint-1-bogus"
+    with pytest.raises(ValueError) as missing:
+        make_trainer(tmp_path / "run", max_steps=1).train(resume_from_checkpoint=str(bogus))
+    assert transformers_words("trainer.py", "Can't find a valid checkpoint at").match(str(missing.value))
+    assert f"--resume_from_checkpoint {bogus} does not exist" in str(missing.value)  # then ours
+    with pytest.raises(ValueError) as nothing:
+        make_trainer(tmp_path / "fresh", max_steps=1).train(resume_from_checkpoint=True)
+    assert transformers_words("trainer.py", "No valid checkpoint found in output directory").match(str(nothing.value))
+    assert str(tmp_path / "fresh") in str(nothing.value) and "holds no checkpoint" in str(nothing.value)
+    assert isinstance(missing.value, UserError) and isinstance(nothing.value, UserError)  # one line, exit 2
+
+
+def test_an_unknown_report_to_starts_with_transformers_words_and_is_a_value_error(tmp_path):
+    with pytest.raises(ValueError) as unknown:
+        args = GaudiTrainingArguments(output_dir=str(tmp_path / "run"), report_to="nosuch")
+        GaudiTrainer(model=tiny.gpt2(), args=args, train_dataset=tiny.lm_data())
+    assert isinstance(unknown.value, UserError)
+    pattern = transformers_words("integrations/integration_utils.py", "is not supported, only")
+    assert pattern.match(str(unknown.value)) and str(unknown.value).startswith("nosuch is not supported")
 
 
 # ---- a checkpoint of another model -------------------------------------------------------------------------

@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 ALLREDUCE = SCRIPTS / "allreduce.py"
 FAULT = SCRIPTS / "fault.py"
+BAD_FLAG = SCRIPTS / "bad_flag.py"
 DEEPSPEED_CONFIGS = REPO / "examples" / "deepspeed"
 LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
@@ -471,6 +472,28 @@ def test_a_failed_rank_stops_the_job_and_is_named(tmp_path, mode, how):
     pids = job_pids(tmp_path)
     assert len(pids) == 4  # both ranks got as far as writing theirs: rank 0 was waiting in its all_reduce
     assert_all_gone(pids)
+
+
+def test_a_user_error_on_the_ranks_is_the_scripts_own_line_and_exit_status(tmp_path):
+    """A bad flag fails on every rank: the launcher prints the line the script alone prints, once, and exits 2
+    (not each rank's line and torchrun's, exit 1)."""
+    alone = subprocess.run(
+        [sys.executable, str(BAD_FLAG), "--bad_flag"], capture_output=True, text=True, env=job_environment()
+    )
+    assert alone.returncode == 2 and len(alone.stderr.splitlines()) == 1, alone.stderr
+    unset = {k: v for k, v in job_environment().items() if k != "OMP_NUM_THREADS"}  # torchrun's banner, if unset
+    result = subprocess.run(
+        launch_command("--world_size", "2", str(BAD_FLAG), "--bad_flag"),
+        capture_output=True,
+        text=True,
+        env=unset,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    command, *rest = result.stderr.splitlines()
+    assert command.startswith("optimum-gaudi launch: ")  # the command it ran, for the log
+    assert rest == alone.stderr.splitlines()
 
 
 def test_sigterm_to_the_launcher_stops_every_rank(tmp_path):

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import safetensors.torch
 import torch
@@ -48,22 +49,35 @@ def _run(out: Path, *extra: str, processes: int = 1) -> subprocess.CompletedProc
     )
 
 
-def _stop_at_random(out: Path, delay: float, processes: int = 1, extra: tuple = ()) -> tuple[int, str]:
-    """Start a run, SIGTERM it (the launcher, for several processes) ``delay`` s after training began."""
+def _start(out: Path, processes: int = 1, extra: tuple = ()) -> subprocess.Popen:
+    """Start a run and wait until training began."""
     out.mkdir(parents=True, exist_ok=True)
     env = {**job_environment(), "OMP_NUM_THREADS": "1"}
     job = subprocess.Popen(_command(out, *extra, processes=processes), stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not (out / "started").exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not (out / "started").exists():
+        job.kill()
+        raise AssertionError(f"training did not start: {job.communicate()[1][-3000:]}")
+    return job
+
+
+def _stop_at_random(out: Path, delay: float, processes: int = 1, extra: tuple = ()) -> tuple[int, str]:
+    """Start a run, SIGTERM it (the launcher, for several processes) ``delay`` s after training began; the job
+    must end well before the minute its teardown would take (tests/scripts/train_preemptible.py), once every
+    rank's exit handlers ran."""
+    job = _start(out, processes, extra)
     try:
-        deadline = time.monotonic() + 120
-        while not (out / "started").exists() and job.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert (out / "started").exists(), "training did not start"
         time.sleep(delay)
         job.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
         _, err = job.communicate(timeout=120)
     finally:
         if job.poll() is None:
             job.kill()
+    assert time.monotonic() - signalled < 30, f"the job took {time.monotonic() - signalled:.0f} s to end"
+    assert len(list(out.glob("exit_handlers_ran.rank*"))) == processes, err[-3000:]
     return job.returncode, err
 
 
@@ -125,3 +139,24 @@ def test_sigterm_to_the_launcher_stops_both_ranks_at_one_step_with_a_checkpoint(
     assert _same_weights(
         tmp_path / "stopped" / "weights.safetensors", tmp_path / "uninterrupted" / "weights.safetensors"
     )
+
+
+def test_sigkill_to_the_launcher_still_leaves_the_checkpoint_of_the_step_in_flight(tmp_path):
+    """The killed launcher's ranks get SIGTERM (torchrun's parent-death signal passed on) and write into the pipe
+    of a process that is gone: their output goes nowhere, but the checkpoint they announce is written."""
+    job = _start(tmp_path, processes=2)
+    try:
+        job_processes = psutil.Process(job.pid).children(recursive=True)  # torchrun and the two ranks
+        time.sleep(0.5)
+        job.kill()
+        job.communicate(timeout=30)
+        _, alive = psutil.wait_procs(job_processes, timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert len(job_processes) == 3 and not alive, "the job outlived its launcher by a minute"
+    newest = latest_complete_checkpoint(tmp_path / "run")
+    assert newest is not None, "no checkpoint"
+    finished = int((tmp_path / "signal_step").read_text())
+    assert finished <= checkpoint_step(newest) <= finished + 1
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(newest))  # both ranks saved their part

@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
+from ..errors import EXIT_USER_ERROR, LAUNCH_USER_ERROR_ENV
 from .launch_plan import (
     DEFAULT_GRACE_PERIOD,
     LaunchError,
@@ -262,6 +263,15 @@ def _read_report(path: str | None) -> dict | None:
         return None
 
 
+def _read_user_error(path: str | None) -> str | None:
+    """The line a rank left for the launcher when it ended on a user error (errors.call_main), if one did."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip() or None
+    except (OSError, TypeError, ValueError):
+        return None
+
+
 def run(plan: LaunchPlan, command: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     """Run the job to its end; return its exit code (128 + signal number when the launcher was signalled)."""
     print(f"optimum-gaudi launch: {shlex.join(command)}", file=sys.stderr, flush=True)
@@ -287,6 +297,10 @@ def run(plan: LaunchPlan, command: Sequence[str], env: Mapping[str, str] | None 
     if job.stop_reason is not None:
         print(f"error: {job.stop_reason}", file=sys.stderr, flush=True)
         return returncode or 1
+    user_error = _read_user_error((env or {}).get(LAUNCH_USER_ERROR_ENV)) if returncode != 0 else None
+    if user_error is not None:  # a bad flag, a missing file: the line the script alone prints, once
+        print(f"error: {user_error}", file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
     if returncode != 0:
         report = _read_report((env or {}).get(REPORT_ENV))
         print(f"error: {describe_failure(plan, job.output_tail, returncode, report)}", file=sys.stderr, flush=True)
@@ -326,8 +340,11 @@ def launch(args: argparse.Namespace) -> int:
         print(f"optimum-gaudi launch: {' '.join(f'{k}={v}' for k, v in bridge_env.items())}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="optimum-gaudi-launch-") as private:
         env = {**os.environ, **bridge_env, REPORT_ENV: os.path.join(private, "failure.json")}
+        env[LAUNCH_USER_ERROR_ENV] = os.path.join(private, "user_error.txt")
         if plan.backend == "torchrun":  # how long torchrun waits for its ranks after a stop signal
             env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(plan.grace_period)
+            if plan.nproc_per_node > 1:  # what torchrun sets for each rank, without its four-line banner
+                env.setdefault("OMP_NUM_THREADS", "1")
         if plan.max_restarts:
             # A new store for each rendezvous round: in the store the agent shares with its workers, the
             # process group's keys from the failed attempt stay behind and the restarted ranks read them

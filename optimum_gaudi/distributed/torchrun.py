@@ -4,15 +4,29 @@ The same program as ``python -m torch.distributed.run``, except how it ends. Whe
 ``ChildFailedError`` and Python prints its traceback and failure table after the rank's own error; when it is
 stopped by a signal it raises ``SignalException``. Here neither is printed: the first failure goes, as JSON, to
 the file named by ``OPTIMUM_GAUDI_LAUNCH_REPORT`` and the launcher ends the job with one line naming the rank.
+When a rank ended on a user error (it left its line for the launcher, errors.py), torchrun's lines about the
+failed rank and stopping the others are left out too: the launcher prints that one line.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 
+from ..errors import LAUNCH_USER_ERROR_ENV
+
 REPORT_ENV = "OPTIMUM_GAUDI_LAUNCH_REPORT"
+_WORKER_LOGGER = "torch.distributed.elastic.multiprocessing.api"  # "failed (exitcode: ...)", "Sending process ..."
+
+
+class _AfterUserError(logging.Filter):
+    """Drops torchrun's records once a rank has left a user error's line for the launcher."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        path = os.environ.get(LAUNCH_USER_ERROR_ENV)
+        return not (path and os.path.exists(path))
 
 
 def _report(record: dict) -> None:
@@ -27,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
+    logging.getLogger(_WORKER_LOGGER).addFilter(_AfterUserError())
     try:
         torchrun_main(sys.argv[1:] if argv is None else argv)
     except ChildFailedError as e:

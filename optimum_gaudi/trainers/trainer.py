@@ -27,6 +27,7 @@ from ..checkpoints import (
     remove_previous_checkpoints,
     resolve_resume,
     staged_checkpoint,
+    tidy_before_resuming,
     warn_if_pickles_are_unsafe_here,
 )
 from ..configuration.fp8_recipe import parse_fp8_recipe
@@ -58,8 +59,7 @@ from ..features.unused_parameters import unused_parameters
 from .checkpoint_size import check_room_for_a_checkpoint
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .events import InternalCallbackHandler
-from .preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
-from .preemption import Preemption
+from .preemption import Preemption, exit_after_checkpoint
 from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin, check_report_to
 
 logger = logging.getLogger(__name__)
@@ -599,6 +599,9 @@ class GaudiTrainerMixin(TrainerShims):
             warn_if_pickles_are_unsafe_here(checkpoint)
         elif self.args.overwrite_output_dir and self.args.should_save:
             remove_previous_checkpoints(self.args.output_dir)
+        self.accelerator.wait_for_everyone()  # every rank has chosen its checkpoint before any is deleted
+        if self.args.should_save:
+            tidy_before_resuming(self.args.output_dir, self.args.save_total_limit, checkpoint)
         check_room_for_a_checkpoint(self)  # a disk too small for one checkpoint: one line before step 1
         preemption = Preemption()
         self.add_callback(preemption)
@@ -613,8 +616,8 @@ class GaudiTrainerMixin(TrainerShims):
         return result
 
     def _end_preempted_run(self, preemption: Preemption) -> None:
-        """After SIGTERM: the checkpoint of the last step is published; end the process (143) rather than
-        go on with the script's evaluation and final save, which the grace period was not meant to cover."""
+        """After SIGTERM: the checkpoint of the last step is published; end the process (143) at once rather
+        than go on with the script's evaluation and final save, which the grace period was not meant to cover."""
         where = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{preemption.stop_step}")
         self.accelerator.wait_for_everyone()
         if not os.path.isdir(where):  # --save_strategy best with an evaluation at that step kept only a better one
@@ -627,7 +630,7 @@ class GaudiTrainerMixin(TrainerShims):
                 where,
                 preemption.save_seconds or 0.0,
             )
-        raise SystemExit(PREEMPTED_EXIT_CODE)
+        exit_after_checkpoint(preemption.output)
 
     def _get_output_dir(self, trial: Any) -> str:
         return getattr(self, "_staging_root", None) or super()._get_output_dir(trial)

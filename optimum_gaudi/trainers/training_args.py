@@ -510,9 +510,9 @@ def check_report_to(args: TrainingArguments) -> None:
     installed = set(get_available_reporting_integrations())
     for name in requested:
         if name not in INTEGRATION_TO_CALLBACK:
-            raise GaudiArgumentError(
-                f"--report_to {name} is not an integration transformers knows; use one of "
-                f"{', '.join(sorted(INTEGRATION_TO_CALLBACK))}, 'all' or 'none'."
+            raise GaudiArgumentError(  # transformers' words first (get_reporting_integration_callbacks')
+                f"{name} is not supported, only {', '.join(INTEGRATION_TO_CALLBACK.keys())} are supported. "
+                f"--report_to {name} is not an integration transformers knows; use one of them, 'all' or 'none'."
             )
         if name not in installed:
             install = _REPORT_TO_PACKAGES.get(name, f"pip install {name}")

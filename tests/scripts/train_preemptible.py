@@ -2,11 +2,16 @@
 
     train_preemptible.py OUT_DIR [GaudiTrainingArguments flags...]
 
+At interpreter exit its teardown takes a minute (a stand-in for freeing a big model's objects), and an exit
+handler writes OUT_DIR/exit_handlers_ran.rankN (as integrations flush their logs in theirs).
+
 When training begins, rank 0 writes OUT_DIR/started. The SIGTERM handler GaudiTrainer installs is wrapped to
-note the steps finished when the signal came (written to OUT_DIR/signal_step as the run ends on it). A run that ends
-(preempted or not) writes OUT_DIR/result.json from rank 0: its logged losses, and OUT_DIR/weights.safetensors.
+note the steps finished when the signal came (written to OUT_DIR/signal_step when training ends on it: GaudiTrainer
+then ends the process itself). A run that ends without a signal writes OUT_DIR/result.json from rank 0: its logged
+losses, and OUT_DIR/weights.safetensors.
 """
 
+import atexit
 import json
 import os
 import signal
@@ -46,22 +51,31 @@ class Watch(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         time.sleep(0.01)  # a step of the tiny model takes ~5 ms: slow enough that a signal can land anywhere
 
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.signal_step is not None and args.process_index == 0:
+            (self.out / "signal_step").write_text(str(self.signal_step))
+
+
+class SlowTeardown:
+    """Freed when the interpreter tears down its modules, as a big model's objects are: a minute of it."""
+
+    def __del__(self, sleep=time.sleep) -> None:  # bound now: at teardown the module's globals are gone
+        sleep(60)
+
+
+TEARDOWN = SlowTeardown()
+
 
 def main() -> None:
     out, argv = Path(sys.argv[1]), sys.argv[2:]
+    rank = os.environ.get("RANK", "0")
+    atexit.register(lambda: (out / f"exit_handlers_ran.rank{rank}").write_text("yes"))
     (args,) = HfArgumentParser(GaudiTrainingArguments).parse_args_into_dataclasses(argv)
     torch.set_num_threads(1)
     watch = Watch(out)
     trainer = GaudiTrainer(model=tiny.gpt2(**tiny.NO_DROPOUT), args=args, train_dataset=tiny.lm_data(256))
     trainer.add_callback(watch)
-    try:
-        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-    except SystemExit as stop:  # preempted: GaudiTrainer wrote the checkpoint and ends the process
-        if args.process_index == 0:
-            (out / "signal_step").write_text(str(watch.signal_step))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(stop.code)
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)  # preempted: the process ends in there
     if trainer.is_world_process_zero():
         model = trainer.accelerator.unwrap_model(trainer.model)
         weights = {name: p.detach().contiguous() for name, p in model.named_parameters()}
