@@ -75,10 +75,11 @@ def in_new_process(module: str, request: list, env: dict[str, str] | None = None
     """``python -m module request`` from the repository root: each run in its own process, so that nothing
     process-wide one setup leaves behind (compiled code, autocast kernels, allocator settings) reaches the
     next. The module's ``__main__`` answers with one JSON line, its last line on stdout."""
+    path = os.pathsep.join(entry for entry in sys.path if entry)  # what this process imports (torchao may be added)
     done = subprocess.run(
         [sys.executable, "-m", module, json.dumps([*request, torch.get_num_threads()])],
-        cwd=Path(__file__).resolve().parent.parent, env={**os.environ, **(env or {})}, capture_output=True,
-        text=True, timeout=timeout,
+        cwd=Path(__file__).resolve().parent.parent, env={**os.environ, "PYTHONPATH": path, **(env or {})},
+        capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"{module} {request} failed:\n{done.stderr[-3000:]}")

@@ -183,7 +183,7 @@ def test_deepspeed_config_path_must_exist(tmp_path, monkeypatch):
     [
         ("tensorboard", "--report_to tensorboard needs tensorboard, which is not installed: pip install "
          "'optimum-gaudi[tensorboard]' (or: pip install tensorboard)."),
-        ("nosuch", "--report_to nosuch is not an integration transformers knows; use one of "),
+        ("nosuch", "nosuch is not supported, only "),  # transformers' own words first, then ours
     ],
     ids=["not-installed", "unknown"],
 )  # fmt: skip
