@@ -32,10 +32,11 @@ SCRIPT_PATHS = {
     "run_lora_clm.py": "examples/language-modeling/run_lora_clm.py",
     "sft.py": "examples/trl/sft.py",
     "dpo.py": "examples/trl/dpo.py",
+    "grpo.py": "examples/trl/grpo.py",
 }
 DEFAULT_IDS = [
     "glue-bert-large-single", "clm-gpt2-own-files", "clm-gpt2-config-overrides", "lora-llama1-7b-single",
-    "lora-starcoder-own-files", "sft-llama2-7b-mpi", "dpo-llama2-70b-deepspeed",
+    "lora-starcoder-own-files", "sft-llama2-7b-mpi", "dpo-llama2-70b-deepspeed", "grpo-qwen2-single",
 ]  # fmt: skip
 # The one-line edit docs/optimum-habana.md gives for `evaluate.load("accuracy")`, which fetches from the Hub.
 ACCURACY = re.compile(r'evaluate\.load\("accuracy".*\)')
@@ -43,13 +44,22 @@ OFFLINE_ACCURACY = (
     'type("Accuracy", (), {"compute": lambda self, predictions, references: '
     '{"accuracy": float((predictions == references).mean())}})()'
 )
-MODELS = {"bert-large-uncased-whole-word-masking": "bert", "gpt2": "gpt2", "bigcode/starcoder": "gpt2"}
+MODELS = {
+    "bert-large-uncased-whole-word-masking": "bert", "gpt2": "gpt2", "bigcode/starcoder": "gpt2",
+    "Qwen/Qwen2-0.5B-Instruct": "llama-chat",
+}  # fmt: skip
 SIZES = {  # sizes only, as in the tests
     "run_glue.py": {"max_seq_length": "32", "max_train_samples": "8", "max_eval_samples": "8"},
     "run_clm.py": {"block_size": "32", "max_train_samples": "8", "max_eval_samples": "4"},
     "run_lora_clm.py": {"max_seq_length": "64", "max_train_samples": "8", "max_eval_samples": "4"},
     "sft.py": {"max_seq_length": "64", "size_valid_set": "2"},
     "dpo.py": {"max_length": "512", "max_prompt_length": "16"},
+    "grpo.py": {
+        "max_prompt_length": "16",
+        "max_completion_length": "4",
+        "num_generations": "2",
+        "gradient_accumulation_steps": "1",
+    },
 }
 
 
@@ -74,7 +84,17 @@ def tiny_models(root: Path) -> dict[str, str]:
     for name, (model, tokenizer) in models.items():
         model.save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)
-    return {name: str(root / name) for name in models}
+    models["llama"][0].save_pretrained(root / "llama-chat")  # an instruction model: a chat template
+    tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+    tok.save_pretrained(root / "llama-chat")
+    # No token_type_ids, as GPT-2's, Llama's and Qwen's tokenizers (transformers 4 gives a plain fast tokenizer
+    # them, and generate() then refuses them).
+    for name in ("gpt2", "llama", "llama-chat"):
+        config = root / name / "tokenizer_config.json"
+        config.write_text(
+            json.dumps(json.loads(config.read_text()) | {"model_input_names": ["input_ids", "attention_mask"]})
+        )
+    return {name: str(root / name) for name in [*models, "llama-chat"]}
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:
@@ -90,6 +110,9 @@ def local_data(root: Path) -> dict[str, str]:
     write_rows(root / "glue_validation.json", glue[:8])
     write_rows(root / "tatsu-lab/alpaca/train.json", [{"instruction": t, "input": "", "output": t} for t in texts])
     pairs = [{"question": t[:20], "response_j": t[20:40], "response_k": t[40:]} for t in texts[:24]]
+    math = [{"problem": f"{i} + {i}?", "solution": f"${2 * i}$", "messages": []} for i in range(40)]
+    for split in ("train", "test"):
+        write_rows(root / f"AI-MO/NuminaMath-TIR/{split}.json", math)
     for subset in ("data/finetune", "data/rl", "data/evaluation"):
         write_rows(root / "lvwerra/stack-exchange-paired" / subset / "train.json", pairs)
     return {"train_file": str(root / "glue_train.json"), "validation_file": str(root / "glue_validation.json")}
