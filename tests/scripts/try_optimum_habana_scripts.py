@@ -64,7 +64,8 @@ SIZES = {  # sizes only, as in the tests
 
 
 def tiny_models(root: Path) -> dict[str, str]:
-    """A 1-layer GPT-2, Llama and BERT with the package's embedded tokenizers, saved with this transformers."""
+    """A 1-layer GPT-2, Llama (also with a chat template) and BERT with the package's embedded tokenizers, saved
+    with this transformers."""
     import torch
     from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
@@ -84,7 +85,7 @@ def tiny_models(root: Path) -> dict[str, str]:
     for name, (model, tokenizer) in models.items():
         model.save_pretrained(root / name)
         tokenizer.save_pretrained(root / name)
-    models["llama"][0].save_pretrained(root / "llama-chat")  # an instruction model: a chat template
+    models["llama"][0].save_pretrained(root / "llama-chat")  # an instruction model
     tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
     tok.save_pretrained(root / "llama-chat")
     # No token_type_ids, as GPT-2's, Llama's and Qwen's tokenizers (transformers 4 gives a plain fast tokenizer
@@ -119,9 +120,8 @@ def local_data(root: Path) -> dict[str, str]:
 
 
 def shrunk(command, scratch: Path, models: dict[str, str], glue: dict[str, str]) -> list[str]:
-    args = command.args
     files = write_placeholder_files(scratch)
-    args = without([files.get(word, word) for word in args], "deepspeed", "task_name", "dataset_config_name")
+    args = without([files.get(word, word) for word in command.args], "deepspeed", "task_name", "dataset_config_name")
     values = {"output_dir": str(scratch / f"out-{command.id}"), "max_steps": "2", "report_to": "none"}
     values |= {"per_device_train_batch_size": "2", "per_device_eval_batch_size": "2", "throughput_warmup_steps": "1"}
     given = dict(options(args))
