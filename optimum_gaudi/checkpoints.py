@@ -547,7 +547,7 @@ def disk_full(path: str | os.PathLike, exc: BaseException | None = None) -> bool
     for cause in exception_chain(exc):
         if getattr(cause, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(cause):
             return True
-    return _free_bytes(path) < MIN_FREE_BYTES
+    return free_bytes(path) < MIN_FREE_BYTES
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -556,7 +556,7 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def _free_bytes(path: str | os.PathLike) -> int:
+def free_bytes(path: str | os.PathLike) -> int:
     try:
         return shutil.disk_usage(_nearest_existing(Path(path))).free
     except OSError:
@@ -576,7 +576,7 @@ def disk_full_is_user_error(path: str | os.PathLike, what: str) -> Iterator[None
         if isinstance(e, UserError) or not disk_full(path, e):
             raise
         raise DiskFullError(
-            f"no space left on the device of {path} while saving {what} ({_free_bytes(path) // 1024} KiB free); "
+            f"no space left on the device of {path} while saving {what} ({free_bytes(path) // 1024} KiB free); "
             "free some space or choose another --output_dir, then resume with --resume_from_checkpoint true."
         ) from e
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-from ..checkpoints import _free_bytes
+from ..checkpoints import free_bytes
 from ..errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def check_room_for_a_checkpoint(trainer: Any) -> None:
     args = trainer.args
     if args.save_strategy == "no" or not args.should_save:
         return
-    free = _free_bytes(args.output_dir)
+    free = free_bytes(args.output_dir)
     size = estimate_checkpoint_size(
         trainer.model,
         args,
