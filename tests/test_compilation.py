@@ -5,6 +5,7 @@ import logging
 import pytest
 import torch
 import torch._dynamo
+from conftest import FALLBACK_DEVICE
 from torch import nn
 from torch._dynamo.utils import counters
 from transformers import TrainerCallback
@@ -87,8 +88,13 @@ def test_regional_compilation_compiles_the_block_once_and_the_loss_and_matches_e
     assert graphs == [2, 2, 2, 2]  # one graph shared by the 3 blocks, one for the loss: never rebuilt
     assert trainer._compilation_log.graphs == 2
     model.config.use_cache = True  # (transformers >= 5 sets it from --use_cache, False by default)
-    assert model(input_ids=torch.zeros(1, 4, dtype=torch.long)).past_key_values is None  # off for the trainer
-    assert model(input_ids=torch.zeros(1, 4, dtype=torch.long), use_cache=True).past_key_values is not None
+    assert (
+        model(input_ids=torch.zeros(1, 4, dtype=torch.long, device=model.device)).past_key_values is None
+    )  # off for the trainer
+    assert (
+        model(input_ids=torch.zeros(1, 4, dtype=torch.long, device=model.device), use_cache=True).past_key_values
+        is not None
+    )
     assert list(model.state_dict()) == list(gpt2(3).state_dict())  # no _orig_mod prefixes
     assert regional == pytest.approx(eager, abs=1e-4)
 
@@ -126,6 +132,7 @@ def test_whole_model_compile_under_the_op_lists_has_no_graph_break(tiny_lm_data,
     assert compiled == pytest.approx(eager, abs=0.02)
 
 
+@pytest.mark.skipif(FALLBACK_DEVICE != "cpu", reason="the CPU device's fallback_random; this run trains on a GPU")
 def test_compiled_training_on_cpu_draws_the_dropout_masks_eager_draws(tiny_lm_data, tmp_path):
     """CPUDevice compiles with inductor's fallback_random: compiled code takes its random numbers from
     torch's generator, so dropout (on here) follows the eager run's masks instead of another stream."""

@@ -214,7 +214,7 @@ def test_trainer_uses_the_config_lists_inside_its_forward(tmp_path):
     trainer = GaudiTrainer(model=Recorder(), args=args, gaudi_config=config)
     assert trainer.accelerator.mixed_precision == "no"  # accelerate's fixed lists would override ours
     with trainer.compute_loss_context_manager():
-        seen = dtypes(trainer.model(torch.randn(2, 8)))
+        seen = dtypes(trainer.model(torch.randn(2, 8, device=trainer.args.device)))
     assert seen["softmax"] == BF16 and seen["linear"] == FP32 and seen["conv1d"] == FP32
 
 

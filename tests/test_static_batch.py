@@ -264,7 +264,7 @@ class DiagonalLoss(GaudiTrainer):
         outputs = model(input_ids=inputs["input_ids"])
         logits = outputs["logits"]
         if logits.dim() == 2:
-            loss = nn.functional.cross_entropy(logits, torch.arange(logits.size(0)))
+            loss = nn.functional.cross_entropy(logits, torch.arange(logits.size(0), device=logits.device))
         else:
             loss = nn.functional.mse_loss(logits, inputs["labels"])
         return (loss, outputs) if return_outputs else loss
