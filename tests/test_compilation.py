@@ -88,13 +88,9 @@ def test_regional_compilation_compiles_the_block_once_and_the_loss_and_matches_e
     assert graphs == [2, 2, 2, 2]  # one graph shared by the 3 blocks, one for the loss: never rebuilt
     assert trainer._compilation_log.graphs == 2
     model.config.use_cache = True  # (transformers >= 5 sets it from --use_cache, False by default)
-    assert (
-        model(input_ids=torch.zeros(1, 4, dtype=torch.long, device=model.device)).past_key_values is None
-    )  # off for the trainer
-    assert (
-        model(input_ids=torch.zeros(1, 4, dtype=torch.long, device=model.device), use_cache=True).past_key_values
-        is not None
-    )
+    ids = torch.zeros(1, 4, dtype=torch.long, device=model.device)
+    assert model(input_ids=ids).past_key_values is None  # off for the trainer
+    assert model(input_ids=ids, use_cache=True).past_key_values is not None
     assert list(model.state_dict()) == list(gpt2(3).state_dict())  # no _orig_mod prefixes
     assert regional == pytest.approx(eager, abs=1e-4)
 
