@@ -36,6 +36,7 @@ from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
 from ..devices.autocast import OpListAutocast
 from ..devices.base import Fp8Plan
 from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
+from ..distributed.fsdp import check_fsdp_arguments, shard_where_accelerate_would_not
 from ..features import attention, kernels
 from ..features import linear_cross_entropy as fused_loss
 from ..features.adalora import AdaLoraBudget, adalora_configs
@@ -259,6 +260,9 @@ class GaudiTrainerMixin(TrainerShims):
     def create_accelerator_and_postprocess(self) -> None:
         check_report_to(self.args)  # where transformers fails for it, early in Trainer.__init__ (every release)
         super().create_accelerator_and_postprocess()
+        if shard_where_accelerate_would_not(self.accelerator, self.args):  # --fsdp on CPU processes: FSDP, not DDP
+            self.is_fsdp_enabled = True
+            check_fsdp_arguments(self.accelerator, self.args)
 
     def _build_accelerator_args(self, **kwargs) -> dict[str, Any]:
         accelerator_args = super()._build_accelerator_args(**kwargs)
