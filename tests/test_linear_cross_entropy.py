@@ -8,6 +8,12 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -234,3 +240,22 @@ def test_the_gaudi_config_key_steps_aside_where_it_cannot_serve(tmp_path, caplog
     assert "OwnLoss overrides compute_loss" in caplog.text
     assert "final_logit_softcapping=30.0" in caplog.text
     assert FusedLinearCrossEntropy.of(trainer.model, strict=False) is None
+
+
+def test_fsdp_sharded_heads_give_the_models_own_losses(tmp_path):
+    """FSDP2 on 2 processes, an untied Llama: the output layer in the root unit, and as a unit of its own (resharded
+    after its forward, so the loss gathers it again and FSDP reduce-scatters its gradient)."""
+    script = Path(__file__).parent / "scripts" / "fused_loss_fsdp.py"
+    out = tmp_path / "out.json"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+    command += ["--master_port", str(port), str(script), str(out)]
+    result = subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = json.loads(out.read_text())
+    assert all(run["head_is_sharded"] for run in runs.values())
+    assert runs["root_fused"]["losses"] == pytest.approx(runs["root"]["losses"], rel=1e-5)
+    assert runs["own_unit_fused"]["losses"] == pytest.approx(runs["root"]["losses"], rel=1e-5)

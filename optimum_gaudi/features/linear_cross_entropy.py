@@ -206,14 +206,26 @@ class FusedLinearCrossEntropy:
         hidden, self.hidden = self.hidden, None
         if hidden is None:  # not a training step, or a head that did not go through the hook
             return self.own_loss(logits, labels, vocab_size, **kwargs)
-        weight, bias = self.head.weight, self.head.bias
-        if isinstance(weight, DTensor):
-            raise UserError(
-                f"{FLAG}: the output layer's weight is sharded (DTensor) during the loss; train without {FLAG}."
-            )
+        weight, bias = self._unsharded_head()
         self.probe = (logits.detach(), hidden[..., -1:, :].detach())
         known = {k: kwargs[k] for k in ("num_items_in_batch", "ignore_index", "shift_labels") if k in kwargs}
         return linear_cross_entropy(hidden, weight, labels, bias, **known)
+
+    def _unsharded_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The output layer's weight and bias, whole. An output layer that is an FSDP2 unit of its own was
+        resharded after its (one position a row) forward: it is all-gathered again for the loss. FSDP's
+        end-of-backward callback reduce-scatters gradients left on unsharded parameters by a group whose own
+        backward hook never ran (``_fsdp_state.py``, ``_root_post_backward_final_callback``), so the head's
+        gradient is sharded as FSDP's own backward would have."""
+        if isinstance(self.head.weight, DTensor):
+            unshard = getattr(self.head, "unshard", None)  # FSDPModule (fully_shard) only
+            if unshard is None:
+                raise UserError(
+                    f"{FLAG}: the output layer's weight is a DTensor outside FSDP (tensor parallelism?); "
+                    f"train without {FLAG}."
+                )
+            unshard()
+        return self.head.weight, self.head.bias
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
