@@ -27,6 +27,7 @@ from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..errors import UserError
+from .sharded import METADATA_NAME, dcp_problem
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +174,8 @@ def _manifest_problem(directory: Path) -> str | None:
 def _file_problem(path: Path, relative: str) -> str | None:
     if path.stat().st_size == 0:
         return f"{relative} is empty"
+    if path.name == METADATA_NAME:  # a DCP folder of FSDP's shards: every rank's shard there, whole
+        return dcp_problem(path.parent)
     if path.suffix == ".safetensors":
         return _safetensors_problem(path)
     if path.suffix in (".pt", ".pth", ".bin") and not zipfile.is_zipfile(path):

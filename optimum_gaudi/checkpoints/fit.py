@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .complete import _WEIGHT_FILES, CheckpointError, safetensors_shapes
+from .sharded import sharded_model_folder, sharded_shapes
 
 
 def _tensor_shapes(path: Path) -> dict[str, list[int]]:
@@ -24,12 +25,13 @@ def _tensor_shapes(path: Path) -> dict[str, list[int]]:
 
 
 def saved_weights(checkpoint: str | os.PathLike) -> tuple[str, dict[str, list[int]]] | None:
-    """(the weight file resuming loads, tensor name -> shape of all it holds, shards included); None for weights
-    only DeepSpeed or FSDP read."""
+    """(the weight file resuming loads, tensor name -> shape of all it holds, shards included; for FSDP's sharded
+    weights their DCP folder and the global shapes); None for weights only DeepSpeed or FSDP's other formats read."""
     directory = Path(checkpoint)
     name = next((n for n in _WEIGHT_FILES if (directory / n).is_file()), None)
     if name is None:
-        return None
+        folder = sharded_model_folder(directory)
+        return (f"{folder.name}/", sharded_shapes(folder)) if folder is not None else None
     if not name.endswith(".index.json"):
         return name, _tensor_shapes(directory / name)
     shards = sorted(set(json.loads((directory / name).read_text(encoding="utf-8"))["weight_map"].values()))

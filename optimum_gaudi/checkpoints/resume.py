@@ -21,6 +21,7 @@ from .complete import (
 )
 from .fit import check_weights_fit
 from .publish import remove_staging_leftovers, rotate_checkpoints
+from .sharded import sharded_resume_problem
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,15 @@ def resolve_resume(resume: str | bool | None, output_dir: str | os.PathLike) -> 
         )
     _say_model_saved_again(resume)
     return str(resume)
+
+
+def check_sharded_resume(checkpoint: str | os.PathLike, fsdp_plugin: Any) -> None:
+    """CheckpointError (one line) when this run cannot load the checkpoint's FSDP sharded weights: ``fsdp_plugin``
+    is the run's (None without FSDP). transformers would fail later, after the model was wrapped, with a file
+    not found or a page of traceback."""
+    problem = sharded_resume_problem(checkpoint, fsdp_plugin)
+    if problem:
+        raise CheckpointError(f"--resume_from_checkpoint {checkpoint} {problem}.")
 
 
 def _say_model_saved_again(checkpoint: str | os.PathLike) -> None:

@@ -23,6 +23,7 @@ from transformers.trainer_pt_utils import find_batch_size
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..checkpoints import (
+    check_sharded_resume,
     check_weights_fit,
     remove_previous_checkpoints,
     resolve_resume,
@@ -600,6 +601,7 @@ class GaudiTrainerMixin(TrainerShims):
         self._resumed_from = checkpoint
         if checkpoint is not None:
             check_weights_fit(self.model, checkpoint)
+            check_sharded_resume(checkpoint, self.accelerator.state.fsdp_plugin if self.is_fsdp_enabled else None)
             warn_if_pickles_are_unsafe_here(checkpoint)
         elif self.args.overwrite_output_dir and self.args.should_save:
             remove_previous_checkpoints(self.args.output_dir)
