@@ -145,21 +145,25 @@ def _launch(out: Path, world: int, *flags: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """2 processes, batches of 4: an uninterrupted run, then a run stopped by SIGTERM after step 3 that the
-    launcher's agent restarts (--max_restarts 1) and that resumes on its own."""
+    launcher's agent restarts; it resumes on its own, loses rank 1 to SIGKILL while saving checkpoint-4, and is
+    restarted again (--max_restarts 2)."""
     out = tmp_path_factory.mktemp("sharded")
     script = [str(SCRIPT), str(out), "job", "--output_dir", str(out / "run"), "--per_device_train_batch_size", "4"]
-    return out, _launch(out, 2, "--max_restarts", "1", *script, *FLAGS)
+    return out, _launch(out, 2, "--max_restarts", "2", *script, *FLAGS)
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
     return safetensors.torch.load_file(path)
 
 
-def test_sigterm_writes_a_sharded_checkpoint_and_the_restarted_job_resumes_it_exactly(job):
+def test_sigterm_and_sigkill_leave_sharded_checkpoints_the_restarted_job_resumes_exactly(job):
     out, result = job
     assert result.returncode == 0, result.stderr[-4000:]
     assert "checkpoint-3 written in" in result.stderr  # the SIGTERM line: the step in flight was saved
     assert f"Restart 1 of this job: resuming from {out / 'run' / 'checkpoint-3'}" in result.stderr
+    # killed half-way through checkpoint-4 (the model's shards written, rank 1's optimizer shard not): never picked
+    assert "(exitcode: -9) local_rank: 1" in result.stderr
+    assert f"Restart 2 of this job: resuming from {out / 'run' / 'checkpoint-3'}" in result.stderr
     checkpoint = out / "run" / "checkpoint-3"
     listed = json.loads((checkpoint / MANIFEST_NAME).read_text())["files"]
     for folder in ("pytorch_model_fsdp_0", "optimizer_0"):  # every rank's shards, listed after all were written

@@ -2,10 +2,12 @@
 
     train_sharded.py OUT_DIR MODE [GaudiTrainingArguments flags...]
 
-MODE ``job``, under ``optimum-gaudi launch --max_restarts 1``: the first attempt trains OUT_DIR/whole without
+MODE ``job``, under ``optimum-gaudi launch --max_restarts 2``: the first attempt trains OUT_DIR/whole without
 checkpoints (the uninterrupted run), then OUT_DIR/run (the --output_dir flag), where every rank sends itself
 SIGTERM when step 3 ends, as the launcher passes a scheduler's SIGTERM on: the trainer writes checkpoint-3 and
-ends the processes with 143, the agent restarts the job, and the second attempt resumes on its own.
+ends the processes with 143, and the agent restarts the job. The second attempt resumes on its own; rank 1 is
+killed (SIGKILL) in its next save, once the model's shards are written and before its optimizer shard is. The
+third attempt resumes again, from the newest complete checkpoint, and trains to the end.
 MODE ``resume``: the run of --output_dir resumes (--resume_from_checkpoint), on whatever number of processes.
 
 Rank 0 writes OUT_DIR/<name>.json (logged losses, where it resumed from, the world size) and
@@ -24,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for t
 import safetensors.torch  # noqa: E402
 import tiny  # noqa: E402
 import torch  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 from transformers import HfArgumentParser, TrainerCallback  # noqa: E402
 
@@ -38,6 +41,19 @@ class SigtermAt(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step:
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+def sigkill_rank_1_before_its_optimizer_shard() -> None:
+    if os.environ.get("RANK") != "1":
+        return
+    write_data = dcp.FileSystemWriter.write_data
+
+    def dying(self, plan, planner):
+        if "optimizer_0" in str(self.path):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return write_data(self, plan, planner)
+
+    dcp.FileSystemWriter.write_data = dying
 
 
 def train(out: Path, name: str, args: GaudiTrainingArguments, callbacks=()) -> None:
@@ -70,6 +86,8 @@ def main() -> None:
         train(out, "whole", whole)
         train(out, "preempted", args, [SigtermAt(3)])  # ends the process with 143 once checkpoint-3 is published
     else:
+        if restart_count() == 1:
+            sigkill_rank_1_before_its_optimizer_shard()
         train(out, "resumed", args)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
