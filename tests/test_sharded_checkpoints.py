@@ -34,15 +34,13 @@ from optimum_gaudi.checkpoints import (
     latest_complete_checkpoint,
     resolve_resume,
 )
+from optimum_gaudi.errors import UserError
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_sharded.py"
-FSDP = (
-    "--fsdp", "full_shard auto_wrap", "--fsdp_config",
-    '{"fsdp_version": 2, "state_dict_type": "SHARDED_STATE_DICT", "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}',
-)  # fmt: skip
+WRAP = '"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]'
 FLAGS = (
     "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "2", "--logging_steps", "1", "--seed", "0",
-    "--report_to", "none", "--disable_tqdm", "true", *FSDP,
+    "--report_to", "none", "--disable_tqdm", "true", "--fsdp", "full_shard auto_wrap",
 )  # fmt: skip
 
 
@@ -128,6 +126,27 @@ def test_a_run_that_cannot_load_sharded_weights_is_told_in_one_line_before_train
     check_sharded_resume(checkpoint, SimpleNamespace(state_dict_type=StateDictType.SHARDED_STATE_DICT))
 
 
+def test_fsdp_checkpoints_are_sharded_unless_the_config_names_a_state_dict_type(tmp_path):
+    def fsdp_args(config: str, **flags) -> GaudiTrainingArguments:
+        return GaudiTrainingArguments(
+            output_dir=str(tmp_path), fsdp="full_shard", fsdp_config=json.loads(config), **flags
+        )
+
+    assert fsdp_args(f"{{{WRAP}}}").fsdp_plugin_args["state_dict_type"] == "SHARDED_STATE_DICT"
+    only_model = fsdp_args(f"{{{WRAP}}}", save_only_model=True)  # which sharded checkpoints cannot be
+    assert only_model.fsdp_plugin_args["state_dict_type"] == "FULL_STATE_DICT"
+    full = fsdp_args(f'{{{WRAP}, "state_dict_type": "FULL_STATE_DICT"}}')
+    assert full.fsdp_plugin_args["state_dict_type"] == "FULL_STATE_DICT"
+    with pytest.raises(UserError, match="--async_save writes FSDP's sharded checkpoints") as refused:
+        GaudiTrainingArguments(output_dir=str(tmp_path), async_save=True)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(UserError, match="--async_save"):
+        GaudiTrainingArguments(
+            output_dir=str(tmp_path), fsdp="full_shard", fsdp_config={"state_dict_type": "FULL_STATE_DICT"},
+            async_save=True,
+        )  # fmt: skip
+
+
 # ---- training on 2 and 4 processes ------------------------------------------------------------------------------
 
 
@@ -149,7 +168,9 @@ def job(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     restarted again (--max_restarts 2)."""
     out = tmp_path_factory.mktemp("sharded")
     script = [str(SCRIPT), str(out), "job", "--output_dir", str(out / "run"), "--per_device_train_batch_size", "4"]
-    return out, _launch(out, 2, "--max_restarts", "2", *script, *FLAGS)
+    # no state_dict_type: sharded by default; the shards written in the background
+    flags = [*FLAGS, "--fsdp_config", f"{{{WRAP}}}", "--async_save"]
+    return out, _launch(out, 2, "--max_restarts", "2", *script, *flags)
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
@@ -174,6 +195,9 @@ def test_sigterm_and_sigkill_leave_sharded_checkpoints_the_restarted_job_resumes
     assert len(whole["losses"]) == 6 and resumed["losses"] == whole["losses"]
     a, b = _weights(out / "whole.safetensors"), _weights(out / "resumed.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # --async_save: a save returns before its checkpoint is published (training goes on), but for the last one
+    assert resumed["published_at_save"] == {"4": False, "6": True}
+    assert sorted(p.name for p in (out / "run").iterdir()) == [f"checkpoint-{n}" for n in (2, 3, 4, 6)]
 
 
 def test_a_sharded_checkpoint_saved_on_2_processes_resumes_on_4(job):
@@ -184,7 +208,8 @@ def test_a_sharded_checkpoint_saved_on_2_processes_resumes_on_4(job):
     run = out / "on4" / "run"
     shutil.copytree(out / "run" / "checkpoint-3", run / "checkpoint-3")
     script = [str(SCRIPT), str(out / "on4"), "resume", "--output_dir", str(run), "--per_device_train_batch_size", "2"]
-    resized = _launch(out / "on4", 4, *script, *FLAGS, "--resume_from_checkpoint", "true")
+    sharded = f'{{{WRAP}, "state_dict_type": "SHARDED_STATE_DICT"}}'  # saved as the job did, but synchronously
+    resized = _launch(out / "on4", 4, *script, *FLAGS, "--fsdp_config", sharded, "--resume_from_checkpoint", "true")
     assert resized.returncode == 0, resized.stderr[-4000:]
     whole, on4 = json.loads((out / "whole.json").read_text()), json.loads((out / "on4" / "resized.json").read_text())
     assert on4["world"] == 4 and on4["resumed_from"] == str(run / "checkpoint-3")

@@ -26,7 +26,14 @@ from .complete import (
 from .disk import MIN_FREE_BYTES, DiskFullError, disk_full, disk_full_is_user_error, free_bytes
 from .fit import check_weights_fit, saved_weights
 from .output_dir import OutputDirGuard, check_output_dir, remove_previous_checkpoints
-from .publish import publish, remove_staging_leftovers, rotate_checkpoints, staged_checkpoint, write_manifest
+from .publish import (
+    BackgroundWrites,
+    publish,
+    remove_staging_leftovers,
+    rotate_checkpoints,
+    staged_checkpoint,
+    write_manifest,
+)
 from .resume import (
     LAST_UNSAFE_WEIGHTS_ONLY_TORCH,
     RESTART_COUNT_ENV,
@@ -38,6 +45,7 @@ from .resume import (
     tidy_before_resuming,
     warn_if_pickles_are_unsafe_here,
 )
+from .sharded import save_sharded_async
 
 __all__ = [
     "LAST_UNSAFE_WEIGHTS_ONLY_TORCH",
@@ -46,6 +54,7 @@ __all__ = [
     "RESTART_COUNT_ENV",
     "STAGING_PREFIX",
     "TRAINER_STATE_NAME",
+    "BackgroundWrites",
     "CheckpointError",
     "DiskFullError",
     "OutputDirGuard",
@@ -69,6 +78,7 @@ __all__ = [
     "resume_arg",
     "rotate_checkpoints",
     "safetensors_shapes",
+    "save_sharded_async",
     "saved_weights",
     "staged_checkpoint",
     "tidy_before_resuming",

@@ -11,11 +11,13 @@ resumed from, and are removed when the next run starts and by the next save.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -99,15 +101,44 @@ def rotate_checkpoints(run_dir: str | os.PathLike, limit: int | None, keep: set[
             remaining -= 1
 
 
-def _publish_checkpoint(staged: Path, run_dir: Path, state: Any, limit: int | None, resave_state: bool) -> None:
-    """Manifest, atomic rename into ``run_dir``, then ``save_total_limit``. With ``resave_state`` the saved
-    trainer state is first rewritten, so that it names the best checkpoint's final place."""
+def _publish_checkpoint(staged: Path, run_dir: Path, limit: int | None, best: str | None) -> None:
+    """Manifest, atomic rename into ``run_dir``, then ``save_total_limit`` (never deleting ``best``)."""
     final = run_dir / staged.name
-    if resave_state and (staged / TRAINER_STATE_NAME).is_file():
-        state.save_to_json(str(staged / TRAINER_STATE_NAME))
     write_manifest(staged)
     publish(staged, final)
-    rotate_checkpoints(run_dir, limit, keep={str(final), state.best_model_checkpoint})
+    rotate_checkpoints(run_dir, limit, keep={str(final), best})
+
+
+class BackgroundWrites:
+    """Checkpoint files still being written in the background (``--async_save``: DCP's ``async_save`` futures),
+    and what follows once they are written: the checkpoint they belong to is published. ``poll`` publishes it
+    when every write is done, without waiting; ``wait`` waits for them (before the next save, at the end)."""
+
+    def __init__(self) -> None:
+        self._futures: list[Future] = []
+        self._then: Callable[[list[Future]], None] | None = None
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._futures)
+
+    def add(self, futures: list[Future]) -> None:
+        self._futures.extend(futures)
+
+    def then(self, action: Callable[[list[Future]], None]) -> None:
+        self._then = action
+
+    def poll(self) -> None:
+        if self._futures and all(f.done() for f in self._futures):
+            self.wait()
+
+    def wait(self) -> None:
+        futures, then = self._futures, self._then
+        self._futures, self._then = [], None
+        if then is not None:
+            then(futures)
+        for future in futures:
+            future.result()
 
 
 def _name_earlier_best(run_dir: Path, state: Any, args: Any) -> None:
@@ -124,13 +155,21 @@ def _name_earlier_best(run_dir: Path, state: Any, args: Any) -> None:
 
 
 @contextlib.contextmanager
-def staged_checkpoint(run_dir: str | os.PathLike, state: Any, args: Any, barrier: Callable[[], None]) -> Iterator[Path]:
+def staged_checkpoint(
+    run_dir: str | os.PathLike,
+    state: Any,
+    args: Any,
+    barrier: Callable[[], None],
+    writes: BackgroundWrites | None = None,
+) -> Iterator[Path]:
     """Yield the staging root to write ``checkpoint-{state.global_step}`` into, as if it were ``run_dir``; when
     the body is done publish the checkpoint atomically, then apply ``args.save_total_limit``.
 
     Every rank enters and leaves together (``barrier``, e.g. ``accelerator.wait_for_everyone``); the process with
     ``args.should_save`` (the main one, or each node's with save_on_each_node) publishes. A failure removes the
-    staging directory; a full disk is reported as one line (DiskFullError).
+    staging directory; a full disk is reported as one line (DiskFullError). When the body left files being
+    written in the background (``writes`` pending), the publish waits for them: ``writes.poll()`` or
+    ``writes.wait()`` does it once they are written (DCP's coordinator, rank 0, finishes after every rank wrote).
     """
     run_dir = Path(run_dir)
     name = f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
@@ -140,17 +179,42 @@ def staged_checkpoint(run_dir: str | os.PathLike, state: Any, args: Any, barrier
         remove_staging_leftovers(run_dir)
     barrier()
     _name_earlier_best(run_dir, state, args)
+    deferred = False
     try:
         with disk_full_is_user_error(run_dir, name):
             yield staging_root
             best = state.best_model_checkpoint
-            moved_best = best is not None and Path(best).parent == staging_root
-            if moved_best:  # transformers found the best checkpoint where it wrote this one: name its final place
+            if best is not None and Path(best).parent == staging_root:
+                # transformers found the best checkpoint where it wrote this one: name its final place
                 state.best_model_checkpoint = str(run_dir / Path(best).name)
+                if saver and (staging_root / name / TRAINER_STATE_NAME).is_file():
+                    state.save_to_json(str(staging_root / name / TRAINER_STATE_NAME))
             barrier()
-            if saver and (staging_root / name).is_dir():
-                _publish_checkpoint(staging_root / name, run_dir, state, args.save_total_limit, moved_best)
+            staged = staging_root / name if saver and (staging_root / name).is_dir() else None
+            finish = functools.partial(
+                _finish_publish, staged, run_dir, args.save_total_limit, state.best_model_checkpoint, staging_root
+            )
+            if writes is not None and writes.pending:
+                writes.then(finish)
+                deferred = True
+            else:
+                finish([])
     finally:
-        if saver:
+        if saver and not deferred:
             shutil.rmtree(staging_root, ignore_errors=True)
     barrier()
+
+
+def _finish_publish(
+    staged: Path | None, run_dir: Path, limit: int | None, best: str | None, staging_root: Path, written: list[Future]
+) -> None:
+    """Once ``written`` (background writes) are done: publish ``staged`` (the saving process; None on the others)."""
+    try:
+        with disk_full_is_user_error(run_dir, staging_root.name.removeprefix(STAGING_PREFIX)):
+            for future in written:
+                future.result()
+            if staged is not None:
+                _publish_checkpoint(staged, run_dir, limit, best)
+    finally:
+        if staged is not None:
+            shutil.rmtree(staging_root, ignore_errors=True)

@@ -14,14 +14,17 @@ loads it (docs/security.md).
 
 from __future__ import annotations
 
+import os
 import pathlib
 import pickle
 import re
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 METADATA_NAME = ".metadata"
-MODEL_FOLDER = re.compile(r"^pytorch_model_fsdp(_\d+)?$")  # accelerate's FSDP_MODEL_NAME, with a model index
+MODEL_FOLDER_NAME, OPTIMIZER_FOLDER_NAME = "pytorch_model_fsdp", "optimizer"  # accelerate's, + _<index>
+MODEL_FOLDER = re.compile(rf"^{MODEL_FOLDER_NAME}(_\d+)?$")
 _MODEL_KEY = "model."  # accelerate saves {"model": state_dict}: the tensors are named model.<parameter name>
 _SAFE_GLOBALS = {
     ("torch", "Size"),
@@ -122,3 +125,24 @@ def sharded_resume_problem(checkpoint: str | pathlib.PurePath, fsdp_plugin: Any)
             'resume with "state_dict_type": "SHARDED_STATE_DICT"'
         )
     return None
+
+
+def save_sharded_async(model: Any, optimizer: Any, checkpoint: str | os.PathLike, groups: list[Any]) -> list[Future]:
+    """Start writing the model's and the optimizer's shards where accelerate writes them (``pytorch_model_fsdp_0/``,
+    ``optimizer_0/``, the layout it loads), in the background: each state is copied to host memory now (training
+    may go on and change it), then written by DCP's ``async_save`` on a thread. ``groups``: two process groups
+    with a CPU backend, one per thread, apart from the one training all-reduces on."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=False))
+    parts = {
+        f"{MODEL_FOLDER_NAME}_0": {"model": model_state},
+        f"{OPTIMIZER_FOLDER_NAME}_0": {"optimizer": optimizer_state},
+    }
+    futures = []
+    for (name, state), group in zip(parts.items(), groups, strict=True):
+        folder = Path(checkpoint) / name
+        folder.mkdir(parents=True, exist_ok=True)
+        futures.append(dcp.async_save(state, storage_writer=dcp.FileSystemWriter(folder), process_group=group))
+    return futures

@@ -43,6 +43,16 @@ class SigtermAt(TrainerCallback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+class PublishedAtSave(TrainerCallback):
+    """Whether each checkpoint was in place when its save returned: with --async_save only the last one is."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, bool] = {}
+
+    def on_save(self, args, state, control, **kwargs):
+        self.seen[state.global_step] = os.path.isdir(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+
+
 def sigkill_rank_1_before_its_optimizer_shard() -> None:
     if os.environ.get("RANK") != "1":
         return
@@ -57,7 +67,10 @@ def sigkill_rank_1_before_its_optimizer_shard() -> None:
 
 
 def train(out: Path, name: str, args: GaudiTrainingArguments, callbacks=()) -> None:
-    trainer = GaudiTrainer(model=tiny.llama(), args=args, train_dataset=tiny.lm_data(), callbacks=list(callbacks))
+    published = PublishedAtSave()
+    trainer = GaudiTrainer(
+        model=tiny.llama(), args=args, train_dataset=tiny.lm_data(), callbacks=[published, *callbacks]
+    )
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     full = {  # every rank takes part in gathering the shards
         n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().contiguous()
@@ -69,6 +82,7 @@ def train(out: Path, name: str, args: GaudiTrainingArguments, callbacks=()) -> N
             "losses": tiny.logged_losses(trainer),
             "resumed_from": trainer._resumed_from,
             "world": args.world_size,
+            "published_at_save": published.seen,
         }
         (out / f"{name}.json").write_text(json.dumps(result))
 
