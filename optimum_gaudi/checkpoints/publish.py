@@ -5,7 +5,8 @@ checkpoint-N``): every rank writes its part there (the main process alone under 
 or FSDP). After a barrier the saving process lists every file with its size in ``checkpoint_manifest.json``,
 fsyncs the files and directories, and renames the directory to ``OUTPUT_DIR/checkpoint-N``: one atomic rename on
 one file system. A kill at any moment leaves no ``checkpoint-N`` or a complete one; staging leftovers are never
-resumed from, and are removed when the next run starts and by the next save.
+resumed from, and are removed when the next run starts and by the next save. With ``--async_save`` the
+publish waits, off the training path, for the shards DCP writes in the background (:class:`BackgroundWrites`).
 """
 
 from __future__ import annotations
@@ -137,8 +138,9 @@ class BackgroundWrites:
         self._futures, self._then = [], None
         if then is not None:
             then(futures)
-        for future in futures:
-            future.result()
+        else:
+            for future in futures:
+                future.result()
 
 
 def _name_earlier_best(run_dir: Path, state: Any, args: Any) -> None:

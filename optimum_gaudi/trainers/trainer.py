@@ -621,6 +621,7 @@ class GaudiTrainerMixin(TrainerShims):
             with self._loop_context(), preemption.installed():
                 check_op_lists(self.model, self._autocast)  # op lists mixing dtypes in one op: one line, before step 1
                 result = super().train(checkpoint, *args, **kwargs)
+                self._background_writes.wait()  # --async_save: a run stopped early publishes its last checkpoint
         finally:
             self.remove_callback(preemption)
         if preemption.stopped:
@@ -636,6 +637,7 @@ class GaudiTrainerMixin(TrainerShims):
         if not os.path.isdir(where):  # --save_strategy best with an evaluation at that step kept only a better one
             started = time.monotonic()
             self._save_checkpoint(self.model_wrapped, trial=None)
+            self._background_writes.wait()
             preemption.save_seconds = time.monotonic() - started
         if self.is_world_process_zero():
             logger.warning(
