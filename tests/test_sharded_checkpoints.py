@@ -64,6 +64,13 @@ class Payload:
         return os.system, ("touch payload-ran",)
 
 
+def _smuggled_call() -> bytes:
+    """A pickle that reaches os.system through a module DCP's metadata classes live in (a dotted name)."""
+    module, name, arg = b"torch.distributed.checkpoint.filesystem", b"os.system", b"touch payload-ran"
+    text = b"".join(b"\x8c" + bytes([len(t)]) + t for t in (module, name))
+    return b"\x80\x04" + text + b"\x93\x8c" + bytes([len(arg)]) + arg + b"\x85R."
+
+
 def _truncate(shard: Path) -> None:
     with shard.open("r+b") as f:
         f.truncate(shard.stat().st_size // 2)
@@ -82,8 +89,12 @@ def _truncate(shard: Path) -> None:
             lambda c: (c / "pytorch_model_fsdp_0" / ".metadata").write_bytes(pickle.dumps(Payload())),
             "pytorch_model_fsdp_0/.metadata is not DCP metadata (posix.system is not part of",
         ),
+        (
+            lambda c: (c / "optimizer_0" / ".metadata").write_bytes(_smuggled_call()),
+            "optimizer_0/.metadata is not DCP metadata (torch.distributed.checkpoint.filesystem.os.system is not",
+        ),
     ],
-    ids=["truncated-shard", "missing-shard", "truncated-metadata", "foreign-pickle"],
+    ids=["truncated-shard", "missing-shard", "truncated-metadata", "foreign-pickle", "dotted-name"],
 )
 def test_a_damaged_sharded_checkpoint_is_incomplete_in_one_line(tmp_path, monkeypatch, damage, words):
     monkeypatch.chdir(tmp_path)

@@ -26,9 +26,11 @@ METADATA_NAME = ".metadata"
 MODEL_FOLDER_NAME, OPTIMIZER_FOLDER_NAME = "pytorch_model_fsdp", "optimizer"  # accelerate's, + _<index>
 MODEL_FOLDER = re.compile(rf"^{MODEL_FOLDER_NAME}(_\d+)?$")
 _MODEL_KEY = "model."  # accelerate saves {"model": state_dict}: the tensors are named model.<parameter name>
+_METADATA_MODULE = "torch.distributed.checkpoint.metadata"  # its classes are plain data: dataclasses, enums
 _SAFE_GLOBALS = {
     ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
+    ("torch.serialization", "_get_layout"),  # a name -> torch layout lookup
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("collections", "OrderedDict"),
     *(("pathlib", name) for name in ("Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")),
 }
@@ -39,14 +41,19 @@ class _Refused(pickle.UnpicklingError):
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """Admits DCP's metadata classes, torch dtypes and the few types its metadata holds; anything else is refused."""
+    """Admits the classes of DCP's metadata, torch dtypes and the few other types its metadata holds, each by its
+    own name (no dotted path through a module); anything else is refused."""
 
     def find_class(self, module: str, name: str) -> Any:
         import torch
+        import torch.distributed.checkpoint.metadata as dcp_metadata
 
-        dcp = module == "torch.distributed.checkpoint" or module.startswith("torch.distributed.checkpoint.")
-        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
-        if dcp or dtype or (module, name) in _SAFE_GLOBALS:
+        found = getattr(dcp_metadata, name, None) if module == _METADATA_MODULE else None
+        if "." not in name and (
+            (module, name) in _SAFE_GLOBALS
+            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+            or (isinstance(found, type) and found.__module__ == _METADATA_MODULE)
+        ):
             return super().find_class(module, name)
         raise _Refused(f"{module}.{name} is not part of a checkpoint's metadata")
 
