@@ -695,7 +695,7 @@ def test_report_to_a_missing_integration_names_the_pip_line(ws, capsys, monkeypa
 
 def test_read_only_output_dir(ws, capsys, monkeypatch):
     ws.out.mkdir()
-    real_mkstemp = run_clm_checkpoints().tempfile.mkstemp
+    real_mkstemp = run_clm_checkpoints().output_dir.tempfile.mkstemp
 
     def read_only(*args, dir=None, **kwargs):
         if Path(dir) == ws.out:
@@ -705,7 +705,7 @@ def test_read_only_output_dir(ws, capsys, monkeypatch):
     if os.geteuid() != 0:  # a real read-only directory where permissions apply
         ws.out.chmod(0o555)
     else:  # root writes anywhere: the file system's answer is simulated
-        monkeypatch.setattr(run_clm_checkpoints().tempfile, "mkstemp", read_only)
+        monkeypatch.setattr(run_clm_checkpoints().output_dir.tempfile, "mkstemp", read_only)
     try:
         code = call_main(run_clm.main, ws.base)
         assert_one_line(code, capsys.readouterr().err, "is not writable")
@@ -715,8 +715,7 @@ def test_read_only_output_dir(ws, capsys, monkeypatch):
 
 
 def test_output_dir_on_a_full_disk(ws, capsys, monkeypatch):
-    checkpoints = run_clm_checkpoints()
-    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 4096))
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 4096))
     code = call_main(run_clm.main, ws.base)
     assert_one_line(code, capsys.readouterr().err, "the disk is full (4 KiB free)")
     assert not ws.out.exists()

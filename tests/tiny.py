@@ -7,7 +7,7 @@ they import these (``sys.path`` holds tests/ under pytest; a script adds it itse
 from __future__ import annotations
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 VOCAB, LENGTH = 100, 16
 NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
@@ -24,6 +24,17 @@ def gpt2(seed: int = 0, **overrides) -> GPT2LMHeadModel:
     """The same freshly initialised weights for every call with the same seed and overrides."""
     torch.manual_seed(seed)
     return GPT2LMHeadModel(gpt2_config(**overrides))
+
+
+def llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
+    """A tiny Llama (2 layers, width 32, 4 heads over 2 key-value heads, the same vocabulary and positions), the
+    same weights for every call with the same seed and overrides."""
+    torch.manual_seed(seed)
+    config = {
+        "vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": LENGTH, **overrides,
+    }  # fmt: skip
+    return LlamaForCausalLM(LlamaConfig(**config))
 
 
 def lm_data(rows: int = 64, length: int = LENGTH) -> list[dict]:

@@ -38,6 +38,7 @@ TRAINER_HOOKS = (
     "train",  # the checkpoint hooks (optimum_gaudi.checkpoints)
     "_get_output_dir",
     "_save_checkpoint",
+    "_save_optimizer_and_scheduler",  # --async_save: FSDP's shards written in the background
     "_load_from_checkpoint",  # the fp8 scaling state a checkpoint keeps beside the weights (features/fp8.py)
     "_load_callback_state",  # run totals kept out of callback-state matching (metrics.py)
 )

@@ -19,13 +19,17 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer import SCHEDULER_NAME
 from transformers.trainer_pt_utils import find_batch_size
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..checkpoints import (
+    BackgroundWrites,
+    check_sharded_resume,
     check_weights_fit,
     remove_previous_checkpoints,
     resolve_resume,
+    save_sharded_async,
     staged_checkpoint,
     tidy_before_resuming,
     warn_if_pickles_are_unsafe_here,
@@ -92,6 +96,7 @@ class _LoopHooks(TrainerCallback):
             self.trainer._lazy_mark_step()  # flush the graph the optimizer step queued
 
     def on_step_end(self, args, state, control, **kwargs):
+        self.trainer._background_writes.poll()  # --async_save: publish a checkpoint whose shards are written
         self.trainer._throughput.step_end(state.global_step)
         self.trainer._run_totals_snapshot(control)
 
@@ -189,6 +194,8 @@ class GaudiTrainerMixin(TrainerShims):
             self._compile.apply_limits()
         self._fp8: Fp8Plan | None = None
         self._fp8_scaling_from: str | None = None  # a resumed checkpoint whose fp8 scaling state is still to load
+        self._background_writes = BackgroundWrites()  # --async_save: shards still being written, then the publish
+        self._checkpoint_groups: list[Any] | None = None
         if args.fp8:
             recipe = parse_fp8_recipe(args.fp8_recipe) if args.fp8_recipe is not None else None
             self._fp8 = self.gaudi_device.fp8_plan(args.minimize_memory, self._compile is not None, recipe)
@@ -600,6 +607,7 @@ class GaudiTrainerMixin(TrainerShims):
         self._resumed_from = checkpoint
         if checkpoint is not None:
             check_weights_fit(self.model, checkpoint)
+            check_sharded_resume(checkpoint, self.accelerator.state.fsdp_plugin if self.is_fsdp_enabled else None)
             warn_if_pickles_are_unsafe_here(checkpoint)
         elif self.args.overwrite_output_dir and self.args.should_save:
             remove_previous_checkpoints(self.args.output_dir)
@@ -613,6 +621,7 @@ class GaudiTrainerMixin(TrainerShims):
             with self._loop_context(), preemption.installed():
                 check_op_lists(self.model, self._autocast)  # op lists mixing dtypes in one op: one line, before step 1
                 result = super().train(checkpoint, *args, **kwargs)
+                self._background_writes.wait()  # --async_save: a run stopped early publishes its last checkpoint
         finally:
             self.remove_callback(preemption)
         if preemption.stopped:
@@ -623,10 +632,12 @@ class GaudiTrainerMixin(TrainerShims):
         """After SIGTERM: the checkpoint of the last step is published; end the process (143) at once rather
         than go on with the script's evaluation and final save, which the grace period was not meant to cover."""
         where = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{preemption.stop_step}")
+        self._background_writes.wait()
         self.accelerator.wait_for_everyone()
         if not os.path.isdir(where):  # --save_strategy best with an evaluation at that step kept only a better one
             started = time.monotonic()
             self._save_checkpoint(self.model_wrapped, trial=None)
+            self._background_writes.wait()
             preemption.save_seconds = time.monotonic() - started
         if self.is_world_process_zero():
             logger.warning(
@@ -640,11 +651,16 @@ class GaudiTrainerMixin(TrainerShims):
         return getattr(self, "_staging_root", None) or super()._get_output_dir(trial)
 
     def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
-        """Written into a staging directory and renamed into place: complete or absent whenever a process dies."""
+        """Written into a staging directory and renamed into place: complete or absent whenever a process dies.
+        With --async_save the shards are written in the background while training goes on; the checkpoint is
+        published at the first step end that finds them written, the previous one before a new save starts,
+        and the last step's before this returns (no training is left to overlap)."""
         run_dir = super()._get_output_dir(trial)
+        writes = self._background_writes
+        writes.wait()
         with (
             self._out_of_throughput(),
-            staged_checkpoint(run_dir, self.state, self.args, self.accelerator.wait_for_everyone) as staging,
+            staged_checkpoint(run_dir, self.state, self.args, self.accelerator.wait_for_everyone, writes) as staging,
         ):
             self._staging_root = str(staging)
             try:
@@ -657,6 +673,19 @@ class GaudiTrainerMixin(TrainerShims):
             totals = getattr(self, "_run_totals", None)
             if self.args.should_save and totals is not None and saved.is_dir():
                 (saved / RUN_TOTALS_FILE).write_text(json.dumps(totals, indent=1), encoding="utf-8")
+        if self.state.global_step >= self.state.max_steps:
+            writes.wait()
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        """--async_save: FSDP's model and optimizer shards as accelerate writes them, in the background; the
+        scheduler as transformers saves it."""
+        if not (self.args.async_save and self.is_fsdp_enabled):
+            return super()._save_optimizer_and_scheduler(output_dir)
+        if self._checkpoint_groups is None:  # a CPU backend each, apart from training's collectives
+            self._checkpoint_groups = [torch.distributed.new_group(backend="gloo") for _ in range(2)]
+        self._background_writes.add(save_sharded_async(self.model, self.optimizer, output_dir, self._checkpoint_groups))
+        if self.args.should_save:
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
 
     # ---- logging ------------------------------------------------------------------------------------
 

@@ -220,6 +220,13 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
         default=False,
         metadata={"help": "Start over in an --output_dir that holds checkpoints of another run (they are deleted)."},
     )
+    async_save: bool = field(
+        default=False,
+        metadata={
+            "help": "With --fsdp: write each checkpoint's shards in the background while training goes on "
+            "(torch.distributed.checkpoint.async_save); the checkpoint is published once they are written."
+        },
+    )
 
     def __post_init__(self) -> None:
         apply_removed_arguments(self)  # transformers 4's arguments on optimum-habana command lines, first
@@ -266,6 +273,7 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             self.torch_compile_backend = self.gaudi_device.compile_backend
         super().__post_init__()
         self._check_deepspeed_config()
+        self._sharded_checkpoints()
         if self.non_blocking_data_copy:
             self.accelerator_config.non_blocking = True
 
@@ -387,6 +395,19 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             logger.warning(
                 "--use_zero3_leaf_promotion is not applied by the trainer (in optimum-habana its scripts do it): with "
                 "DeepSpeed ZeRO-3 call optimum_gaudi.distributed.apply_zero3_leaf_promotion(model) before the trainer."
+            )
+
+    def _sharded_checkpoints(self) -> None:
+        """Under --fsdp each rank writes its shards of a checkpoint (SHARDED_STATE_DICT, resharded on load) unless
+        the fsdp_config names a state_dict_type (FULL_STATE_DICT: rank 0 gathers and writes everything) or
+        --save_only_model asks for what sharded checkpoints cannot be. --async_save needs sharded ones."""
+        plugin = getattr(self, "fsdp_plugin_args", None)
+        if plugin is not None and "state_dict_type" not in self.fsdp_config and not self.save_only_model:
+            plugin["state_dict_type"] = self.fsdp_config["state_dict_type"] = "SHARDED_STATE_DICT"
+        if self.async_save and (plugin is None or str(plugin.get("state_dict_type")).upper() != "SHARDED_STATE_DICT"):
+            raise GaudiArgumentError(
+                "--async_save writes FSDP's sharded checkpoints in the background: add --fsdp, with the fsdp_config "
+                'state_dict_type "SHARDED_STATE_DICT" (the default), or drop --async_save.'
             )
 
     def _check_deepspeed_config(self) -> None:
