@@ -7,7 +7,7 @@ they import these (``sys.path`` holds tests/ under pytest; a script adds it itse
 from __future__ import annotations
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 VOCAB, LENGTH = 100, 16
 NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
@@ -41,3 +41,21 @@ def losses(trainer) -> list[float]:
 
 def logged_losses(trainer) -> list[float]:
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
+    """A Llama of the same size (2 layers, grouped-query attention); ``overrides`` replace any config field."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        **{
+            "vocab_size": VOCAB,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": LENGTH,
+            **overrides,
+        }
+    )
+    return LlamaForCausalLM(config)

@@ -1,0 +1,175 @@
+"""A plain transformers checkpoint from an FSDP2 model, streamed tensor by tensor: no rank holds the whole model.
+
+Under FSDP2 (``fully_shard``) each parameter is a DTensor holding 1/world of its rows. transformers saves such a
+model only after gathering its whole state dict on rank 0 (accelerate's ``get_state_dict``), and its
+``save_pretrained`` then touches the sharded parameters on rank 0 alone (the tied-weight check): over gloo that
+collective on one rank kills the job. Here every rank walks the same tensors in the same order, each DTensor is
+gathered (``full_tensor``, a collective on all ranks) and rank 0 appends it to the safetensors file it is writing,
+then drops it. Rank 0's peak is one full tensor (the largest, usually the embedding), not the model; the files,
+their split at ``max_shard_size`` and the index are those ``save_pretrained`` writes, so ``from_pretrained`` loads
+them without optimum_gaudi and without torch.distributed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+# The safetensors dtype names (https://github.com/huggingface/safetensors, the file format's "dtype" field).
+_SAFETENSORS_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+# save_pretrained's default split (transformers 5): one file up to this size.
+DEFAULT_MAX_SHARD_SIZE = "50GB"
+
+StateFilter = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """True where the model's parameters are FSDP2 shards (DTensors), which ``save_pretrained`` cannot save."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor on every rank (a collective for a DTensor), on the CPU."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(tensor, DTensor):
+        tensor = tensor.full_tensor()
+    return tensor.detach().to("cpu")
+
+
+def is_peft(model: nn.Module) -> bool:
+    """A peft model (saved as its adapters)."""
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A peft model's adapter weights, gathered on every rank and keyed as in ``model.state_dict()``: what peft's
+    ``save_pretrained(state_dict=...)`` saves (adapters are small; the frozen base stays sharded)."""
+    from peft.utils import get_peft_model_state_dict
+
+    local = model.state_dict()
+    kept = {id(value) for value in get_peft_model_state_dict(model, state_dict=dict(local)).values()}
+    return {name: _full(value) for name, value in local.items() if id(value) in kept}
+
+
+def save_pretrained(
+    model: nn.Module,
+    output_dir: str,
+    *,
+    is_main_process: bool,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    state_filter: StateFilter | None = None,
+) -> None:
+    """``model.save_pretrained(output_dir)`` for an FSDP2 model; every rank calls it, ``is_main_process`` writes.
+
+    ``state_filter`` drops entries of the state dict that are not to be saved (the trainer's fp8 scaling state).
+    """
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+
+    local = model.state_dict()
+    if state_filter is not None:
+        local = state_filter(local)
+    for ignored in model._keys_to_ignore_on_save or ():
+        local.pop(ignored, None)
+    # Shapes only: transformers finds tied weights of meta tensors by their parameters, touching no shard.
+    specs = {name: torch.empty(t.shape, dtype=t.dtype, device="meta") for name, t in local.items()}
+    specs = remove_tied_weights_from_state_dict(specs, model)
+    if revert_weight_conversion(model, dict(specs)).keys() != specs.keys():
+        raise NotImplementedError(
+            f"{type(model).__name__} saves its weights under other names than it trains them (a weight conversion);"
+            " saving it from FSDP2 is not supported yet: use SHARDED_STATE_DICT checkpoints."
+        )
+    pattern = SAFE_WEIGHTS_NAME.replace(".safetensors", "{suffix}.safetensors")
+    split = split_torch_state_dict_into_shards(specs, filename_pattern=pattern, max_shard_size=max_shard_size)
+
+    if is_main_process:
+        os.makedirs(output_dir, exist_ok=True)
+        _save_config(model, output_dir)
+        _remove_stale_shards(output_dir, set(split.filename_to_tensors))
+    for filename, names in split.filename_to_tensors.items():
+        gathered = ((name, _full(local[name])) for name in names)
+        if is_main_process:
+            _write_safetensors(os.path.join(output_dir, filename), {n: specs[n] for n in names}, gathered)
+        else:
+            for _ in gathered:  # this rank's part of each gather
+                pass
+    if is_main_process and split.is_sharded:
+        index = {
+            "metadata": {"total_parameters": model.num_parameters(), **split.metadata},
+            "weight_map": split.tensor_to_filename,
+        }
+        with open(os.path.join(output_dir, SAFE_WEIGHTS_INDEX_NAME), "w", encoding="utf-8") as f:
+            f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def _save_config(model: nn.Module, output_dir: str) -> None:
+    """The config (dtype and architecture as ``save_pretrained`` records them) and the generation config."""
+    from transformers.dynamic_module_utils import custom_object_save
+
+    model.config.dtype = str(model.dtype).split(".")[1]
+    model.config.architectures = [type(model).__name__.removeprefix("FSDP")]  # fully_shard renames the class
+    if model.is_remote_code():
+        custom_object_save(model, output_dir, config=model.config)
+    model.config.save_pretrained(output_dir)
+    if model.can_generate():
+        model.generation_config.save_pretrained(output_dir)
+
+
+def _remove_stale_shards(output_dir: str, keep: set[str]) -> None:
+    """Shard files of an earlier save that this one does not replace (as ``save_pretrained`` removes them)."""
+    stale = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+    for name in os.listdir(output_dir):
+        if stale.fullmatch(name) and name not in keep:
+            os.remove(os.path.join(output_dir, name))
+
+
+def _write_safetensors(
+    path: str, specs: dict[str, torch.Tensor], tensors: Iterable[tuple[str, torch.Tensor]]
+) -> None:
+    """A safetensors file whose header comes from the shapes (``specs``) and whose tensors are appended one at a
+    time as ``tensors`` yields them (in ``specs``' order), so no more than one is held."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, spec in specs.items():
+        size = spec.numel() * spec.element_size()
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[spec.dtype], "shape": list(spec.shape)}
+        header[name]["data_offsets"] = [offset, offset + size]
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    encoded += b" " * (-len(encoded) % 8)  # the tensors start 8-byte aligned, as safetensors writes them
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)))
+        f.write(encoded)
+        for name, tensor in tensors:
+            if tensor.shape != specs[name].shape or tensor.dtype != specs[name].dtype:
+                raise RuntimeError(f"{name}: gathered {tuple(tensor.shape)} {tensor.dtype}, planned otherwise")
+            f.write(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())  # the buffer itself, no copy
