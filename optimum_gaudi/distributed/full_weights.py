@@ -152,9 +152,7 @@ def _remove_stale_shards(output_dir: str, keep: set[str]) -> None:
             os.remove(os.path.join(output_dir, name))
 
 
-def _write_safetensors(
-    path: str, specs: dict[str, torch.Tensor], tensors: Iterable[tuple[str, torch.Tensor]]
-) -> None:
+def _write_safetensors(path: str, specs: dict[str, torch.Tensor], tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     """A safetensors file whose header comes from the shapes (``specs``) and whose tensors are appended one at a
     time as ``tensors`` yields them (in ``specs``' order), so no more than one is held."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_pt_utils import find_batch_size
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-from transformers.trainer import TRAINING_ARGS_NAME
 
 from ..checkpoints import (
     check_weights_fit,
@@ -36,8 +36,8 @@ from ..configuration.gaudi_config import GaudiConfig
 from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
 from ..devices.autocast import OpListAutocast
 from ..devices.base import Fp8Plan
-from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from ..distributed import full_weights
+from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from ..distributed.fsdp import check_fsdp_arguments, shard_where_accelerate_would_not
 from ..features import attention, kernels
 from ..features import linear_cross_entropy as fused_loss
@@ -729,10 +729,14 @@ class GaudiTrainerMixin(TrainerShims):
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Under FSDP2 the same files as without it, streamed (distributed/full_weights.py): transformers gathers
         the whole model on rank 0 first (FULL_STATE_DICT, which then dies on rank 0's lone collective over gloo)
-        or saves no weights at all (SHARDED_STATE_DICT). Checkpoints come here too (``_save_checkpoint``)."""
+        or saves no weights at all (SHARDED_STATE_DICT). Checkpoints come here too (``_save_checkpoint``); those
+        of SHARDED_STATE_DICT keep only their sharded weights, as transformers writes them."""
         model = self.accelerator.unwrap_model(self.model)
         peft = full_weights.is_peft(model)
-        if not (self.is_fsdp_enabled and full_weights.is_sharded(model) and (peft or isinstance(model, PreTrainedModel))):
+        streamed = (
+            self.is_fsdp_enabled and full_weights.is_sharded(model) and (peft or isinstance(model, PreTrainedModel))
+        )
+        if not streamed or (_internal_call and "SHARDED" in str(self.accelerator.state.fsdp_plugin.state_dict_type)):
             return super().save_model(output_dir, _internal_call)
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         if peft:  # its adapters, saved by peft as transformers saves them

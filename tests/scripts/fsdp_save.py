@@ -33,7 +33,9 @@ def arguments(out: Path, state_dict_type: str, layer: str, **overrides) -> Gaudi
 
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every tensor of the model, whole (a gather on every rank)."""
-    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.state_dict().items()}
+    return {
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.state_dict().items()
+    }
 
 
 def train_and_save(out: Path, name: str, model, args, resume=None) -> list[float]:
@@ -56,7 +58,9 @@ def main() -> None:
     result = {}
     if state_dict_type == "FULL_STATE_DICT":
         llama = dict(tie_word_embeddings=True)
-        result["whole"] = train_and_save(out, "llama", tiny.llama(**llama), arguments(out / "run", state_dict_type, "LlamaDecoderLayer"))
+        result["whole"] = train_and_save(
+            out, "llama", tiny.llama(**llama), arguments(out / "run", state_dict_type, "LlamaDecoderLayer")
+        )
         checkpoint = str(out / "run" / "checkpoint-2")
         args = arguments(out / "resumed", state_dict_type, "LlamaDecoderLayer")
         result["resumed"] = train_and_save(out, "resumed", tiny.llama(seed=1, **llama), args, resume=checkpoint)
