@@ -136,6 +136,16 @@ def run_once(setup: str) -> dict:
         return json.loads(out.read_text())
 
 
+def cpu_name() -> str:
+    """The CPU as /proc/cpuinfo names it, its widest vector extension and core count (memory copies and gathers
+    set the pace here)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    vector = "AVX-512" if "avx512f" in flags else "AVX2-only" if "avx2" in flags else "no AVX2"
+    return f"{name or 'unknown CPU'}, {vector}, {os.cpu_count()} cores"
+
+
 def run(repeats: int = 2, log=print) -> tuple[str, dict]:
     """A markdown table, and each setup's medians (seconds, rank 0's memory growth) for the target checks."""
     from benchmarks.common import markdown_table, median
@@ -169,10 +179,17 @@ def run(repeats: int = 2, log=print) -> tuple[str, dict]:
     params = results[SETUPS[0]][0]["parameters"]
     intro = (
         f"A Llama of {params / 1e6:.0f}M parameters (16 layers, width 512, untied 32k embeddings; float32), FSDP2 on 2"
-        f" gloo processes, 1 thread each; {repeats} runs of each setup. References: checkpoint_full for the"
+        f" gloo processes, 1 thread each, on {cpu_name()}; {repeats} runs of each setup. References: checkpoint_full for the"
         " checkpoints, final_gathered for the final save."
     )
-    return f"{intro}\n\n{table}", m
+    notes = (
+        "The streamed save's extra memory on rank 0 is about twice the largest tensor (the 65 MB embedding: the"
+        " ranks' pieces, then the whole), whatever the model's size; the gathered save holds the whole model. It"
+        " is slower here: each tensor is all-gathered to every rank (DTensor.full_tensor) and written in its own"
+        " call. A FULL_STATE_DICT checkpoint writes the model twice (the streamed model.safetensors and"
+        " accelerate's pytorch_model_fsdp.bin) and the whole optimizer state from rank 0."
+    )
+    return f"{intro}\n\n{table}\n\n{notes}", m
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ model only after gathering its whole state dict on rank 0 (accelerate's ``get_st
 ``save_pretrained`` then touches the sharded parameters on rank 0 alone (the tied-weight check): over gloo that
 collective on one rank kills the job. Here every rank walks the same tensors in the same order, each DTensor is
 gathered (``full_tensor``, a collective on all ranks) and rank 0 appends it to the safetensors file it is writing,
-then drops it. Rank 0's peak is one full tensor (the largest, usually the embedding), not the model; the files,
+then drops it. Rank 0's extra memory is that of the largest tensor (usually the embedding), twice over while it
+is gathered (the ranks' pieces, then the whole), not the model; the files,
 their split at ``max_shard_size`` and the index are those ``save_pretrained`` writes, so ``from_pretrained`` loads
 them without optimum_gaudi and without torch.distributed.
 """
@@ -91,7 +92,6 @@ def save_pretrained(
     ``state_filter`` drops entries of the state dict that are not to be saved (the trainer's fp8 scaling state).
     """
     from huggingface_hub import split_torch_state_dict_into_shards
-    from transformers.core_model_loading import revert_weight_conversion
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
     from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
@@ -103,7 +103,7 @@ def save_pretrained(
     # Shapes only: transformers finds tied weights of meta tensors by their parameters, touching no shard.
     specs = {name: torch.empty(t.shape, dtype=t.dtype, device="meta") for name, t in local.items()}
     specs = remove_tied_weights_from_state_dict(specs, model)
-    if revert_weight_conversion(model, dict(specs)).keys() != specs.keys():
+    if _saved_names(model, specs) != specs.keys():
         raise NotImplementedError(
             f"{type(model).__name__} saves its weights under other names than it trains them (a weight conversion);"
             " saving it from FSDP2 is not supported yet: use SHARDED_STATE_DICT checkpoints."
@@ -131,6 +131,16 @@ def save_pretrained(
             f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
+def _saved_names(model: nn.Module, specs: dict[str, torch.Tensor]) -> set[str]:
+    """The names ``save_pretrained`` gives these tensors in the file (transformers 5 converts some models' weights
+    back to their checkpoint layout; 4.57 saves every weight under its own name)."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:
+        return set(specs)
+    return set(revert_weight_conversion(model, dict(specs)))
+
+
 def _save_config(model: nn.Module, output_dir: str) -> None:
     """The config (dtype and architecture as ``save_pretrained`` records them) and the generation config."""
     from transformers.dynamic_module_utils import custom_object_save
@@ -154,7 +164,7 @@ def _remove_stale_shards(output_dir: str, keep: set[str]) -> None:
 
 def _write_safetensors(path: str, specs: dict[str, torch.Tensor], tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     """A safetensors file whose header comes from the shapes (``specs``) and whose tensors are appended one at a
-    time as ``tensors`` yields them (in ``specs``' order), so no more than one is held."""
+    time as ``tensors`` yields them (in ``specs``' order), each dropped before the next is gathered."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, spec in specs.items():
@@ -171,3 +181,4 @@ def _write_safetensors(path: str, specs: dict[str, torch.Tensor], tensors: Itera
             if tensor.shape != specs[name].shape or tensor.dtype != specs[name].dtype:
                 raise RuntimeError(f"{name}: gathered {tuple(tensor.shape)} {tensor.dtype}, planned otherwise")
             f.write(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())  # the buffer itself, no copy
+            del tensor  # before the next one is gathered
