@@ -3,7 +3,8 @@
   checkpoint_sharded  a checkpoint with SHARDED_STATE_DICT: each rank writes its shards (DCP)
   checkpoint_full     a checkpoint with FULL_STATE_DICT: the streamed model.safetensors, plus accelerate's
                       whole-model and whole-optimizer files written by rank 0
-  final_streamed      save_model: every tensor gathered in turn, rank 0 appends it to model.safetensors
+  final_streamed      save_model: tensor by tensor, rank 0 appends its rows then each other rank's to
+                      model.safetensors
   final_gathered      what transformers does first: accelerate's get_state_dict (the whole model on rank 0),
                       then rank 0 writes it (safetensors' save_file; transformers' save_pretrained dies there)
 
@@ -183,11 +184,11 @@ def run(repeats: int = 2, log=print) -> tuple[str, dict]:
         " checkpoints, final_gathered for the final save."
     )
     notes = (
-        "The streamed save's extra memory on rank 0 is about twice the largest tensor (the 65 MB embedding: the"
-        " ranks' pieces, then the whole), whatever the model's size; the gathered save holds the whole model. It"
-        " is slower here: each tensor is all-gathered to every rank (DTensor.full_tensor) and written in its own"
-        " call. A FULL_STATE_DICT checkpoint writes the model twice (the streamed model.safetensors and"
-        " accelerate's pytorch_model_fsdp.bin) and the whole optimizer state from rank 0."
+        "The streamed save's extra memory on rank 0 is one shard of the largest tensor (half the 65 MB embedding"
+        " here), whatever the model's size: rank 0 writes its own rows, then each other rank's, sent to it alone;"
+        " the gathered save holds the whole model. A FULL_STATE_DICT checkpoint writes the model twice (the"
+        " streamed model.safetensors and accelerate's pytorch_model_fsdp.bin) and the whole optimizer state from"
+        " rank 0."
     )
     return f"{intro}\n\n{table}\n\n{notes}", m
 

@@ -1,14 +1,14 @@
-"""A plain transformers checkpoint from an FSDP2 model, streamed tensor by tensor: no rank holds the whole model.
+"""A plain transformers checkpoint from an FSDP2 model, streamed piece by piece: no rank holds the whole model.
 
 Under FSDP2 (``fully_shard``) each parameter is a DTensor holding 1/world of its rows. transformers saves such a
 model only after gathering its whole state dict on rank 0 (accelerate's ``get_state_dict``), and its
 ``save_pretrained`` then touches the sharded parameters on rank 0 alone (the tied-weight check): over gloo that
-collective on one rank kills the job. Here every rank walks the same tensors in the same order, each DTensor is
-gathered (``full_tensor``, a collective on all ranks) and rank 0 appends it to the safetensors file it is writing,
-then drops it. Rank 0's extra memory is that of the largest tensor (usually the embedding), twice over while it
-is gathered (the ranks' pieces, then the whole), not the model; the files,
-their split at ``max_shard_size`` and the index are those ``save_pretrained`` writes, so ``from_pretrained`` loads
-them without optimum_gaudi and without torch.distributed.
+collective on one rank kills the job. Here every rank walks the same tensors in the same order; rank 0 writes each
+tensor's rows into the safetensors file as they come: its own shard, then each other rank's, sent to it alone
+(FSDP2 splits dim 0 as ``torch.chunk`` does). Rank 0's extra memory is one shard of one tensor, the other ranks'
+none; tensors sharded otherwise (a 2-D mesh) are gathered whole (``full_tensor``). The files, their split at
+``max_shard_size`` and the index are those ``save_pretrained`` writes, so ``from_pretrained`` loads them without
+optimum_gaudi and without torch.distributed.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 import os
 import re
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -58,6 +58,50 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     if isinstance(tensor, DTensor):
         tensor = tensor.full_tensor()
     return tensor.detach().to("cpu")
+
+
+def _rank0_writes_alone(is_main_process: bool) -> bool:
+    """True (on every rank) where global rank 0 is the only writer: then the other ranks send rank 0 their rows;
+    otherwise (``save_on_each_node``) every tensor is gathered whole on every rank."""
+    import torch.distributed as dist
+
+    flags = torch.tensor([int(is_main_process), int(is_main_process and dist.get_rank() == 0)])
+    dist.all_reduce(flags)
+    return flags.tolist() == [1, 1]
+
+
+def _pieces(tensor: torch.Tensor, is_main_process: bool, rank0_alone: bool) -> Iterator[torch.Tensor]:
+    """The tensor as consecutive row blocks, yielded on the writing ranks; a collective every rank runs in turn."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard
+
+    row_sharded = (
+        rank0_alone
+        and isinstance(tensor, DTensor)
+        and tensor.device_mesh.ndim == 1
+        and tuple(tensor.placements) == (Shard(0),)
+        and tensor.device_mesh.mesh.tolist()[0] == 0
+    )
+    if not row_sharded:
+        whole = _full(tensor)
+        if is_main_process:
+            yield whole
+        return
+    ranks = tensor.device_mesh.mesh.tolist()
+    rows, per = tensor.shape[0], -(-tensor.shape[0] // len(ranks))  # torch.chunk's sizes: ceil, the rest last
+    local = tensor.to_local().detach().to("cpu").contiguous()
+    if not is_main_process:
+        if local.shape[0]:
+            dist.send(local, dst=0)
+        return
+    yield local
+    for index, source in enumerate(ranks[1:], start=1):
+        count = max(0, min(per, rows - index * per))
+        if count:
+            piece = torch.empty((count, *tensor.shape[1:]), dtype=tensor.dtype)
+            dist.recv(piece, src=source)
+            yield piece
+            del piece  # before the next one is received
 
 
 def is_peft(model: nn.Module) -> bool:
@@ -115,13 +159,15 @@ def save_pretrained(
         os.makedirs(output_dir, exist_ok=True)
         _save_config(model, output_dir)
         _remove_stale_shards(output_dir, set(split.filename_to_tensors))
+    rank0_alone = _rank0_writes_alone(is_main_process)
     for filename, names in split.filename_to_tensors.items():
-        gathered = ((name, _full(local[name])) for name in names)
+        pieces = ((name, _pieces(local[name], is_main_process, rank0_alone)) for name in names)
         if is_main_process:
-            _write_safetensors(os.path.join(output_dir, filename), {n: specs[n] for n in names}, gathered)
+            _write_safetensors(os.path.join(output_dir, filename), {n: specs[n] for n in names}, pieces)
         else:
-            for _ in gathered:  # this rank's part of each gather
-                pass
+            for _, sent in pieces:  # this rank's part of each tensor
+                for _ in sent:
+                    pass
     if is_main_process and split.is_sharded:
         index = {
             "metadata": {"total_parameters": model.num_parameters(), **split.metadata},
@@ -162,9 +208,11 @@ def _remove_stale_shards(output_dir: str, keep: set[str]) -> None:
             os.remove(os.path.join(output_dir, name))
 
 
-def _write_safetensors(path: str, specs: dict[str, torch.Tensor], tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """A safetensors file whose header comes from the shapes (``specs``) and whose tensors are appended one at a
-    time as ``tensors`` yields them (in ``specs``' order), each dropped before the next is gathered."""
+def _write_safetensors(
+    path: str, specs: dict[str, torch.Tensor], tensors: Iterable[tuple[str, Iterable[torch.Tensor]]]
+) -> None:
+    """A safetensors file whose header comes from the shapes (``specs``) and whose tensors are appended as
+    ``tensors`` yields their row blocks (in ``specs``' order), each block dropped before the next arrives."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, spec in specs.items():
@@ -177,8 +225,12 @@ def _write_safetensors(path: str, specs: dict[str, torch.Tensor], tensors: Itera
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(encoded)))
         f.write(encoded)
-        for name, tensor in tensors:
-            if tensor.shape != specs[name].shape or tensor.dtype != specs[name].dtype:
-                raise RuntimeError(f"{name}: gathered {tuple(tensor.shape)} {tensor.dtype}, planned otherwise")
-            f.write(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())  # the buffer itself, no copy
-            del tensor  # before the next one is gathered
+        for name, pieces in tensors:
+            start, end = header[name]["data_offsets"]
+            for piece in pieces:
+                if piece.dtype != specs[name].dtype:
+                    raise RuntimeError(f"{name}: got {piece.dtype}, planned {specs[name].dtype}")
+                f.write(piece.contiguous().reshape(-1).view(torch.uint8).numpy())  # the buffer itself, no copy
+                del piece  # before the next one arrives
+            if f.tell() - 8 - len(encoded) != end:
+                raise RuntimeError(f"{name}: wrote {f.tell() - 8 - len(encoded) - start} bytes, planned {end - start}")
