@@ -54,7 +54,7 @@ def train_and_save(out: Path, state_dict_type: str) -> tuple[dict, dict]:
     cmd = [*torchrun, "--master_port", str(free_port()), SCRIPT, str(out), state_dict_type]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
-    plain = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # optimum_gaudi not even importable there
+    plain = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # the loader imports transformers and peft only
     loader = [sys.executable, "-c", LOADER, str(out), str(Path(__file__).parent)]
     loaded = subprocess.run(loader, env=plain, capture_output=True, text=True, timeout=120)
     assert loaded.returncode == 0, loaded.stderr[-3000:]
