@@ -26,6 +26,17 @@ def gpt2(seed: int = 0, **overrides) -> GPT2LMHeadModel:
     return GPT2LMHeadModel(gpt2_config(**overrides))
 
 
+def llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
+    """A tiny Llama (2 layers, width 32, 4 heads over 2 key-value heads, the same vocabulary and positions), the
+    same weights for every call with the same seed and overrides."""
+    torch.manual_seed(seed)
+    config = {
+        "vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": LENGTH, **overrides,
+    }  # fmt: skip
+    return LlamaForCausalLM(LlamaConfig(**config))
+
+
 def lm_data(rows: int = 64, length: int = LENGTH) -> list[dict]:
     """``rows`` random sequences over the vocabulary, labels = inputs, the same on every call."""
     g = torch.Generator().manual_seed(0)
@@ -41,21 +52,3 @@ def losses(trainer) -> list[float]:
 
 def logged_losses(trainer) -> list[float]:
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]
-
-
-def llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
-    """A Llama of the same size (2 layers, grouped-query attention); ``overrides`` replace any config field."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        **{
-            "vocab_size": VOCAB,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": LENGTH,
-            **overrides,
-        }
-    )
-    return LlamaForCausalLM(config)

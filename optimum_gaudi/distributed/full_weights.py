@@ -113,6 +113,13 @@ def is_peft(model: nn.Module) -> bool:
     return isinstance(model, PeftModel)
 
 
+def saves(model: nn.Module) -> bool:
+    """A transformers model (its weights and config) or a peft model (its adapters): what this module saves."""
+    from transformers import PreTrainedModel
+
+    return isinstance(model, PreTrainedModel) or is_peft(model)
+
+
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """A peft model's adapter weights, gathered on every rank and keyed as in ``model.state_dict()``: what peft's
     ``save_pretrained(state_dict=...)`` saves (adapters are small; the frozen base stays sharded)."""

@@ -18,8 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel, Trainer, TrainerCallback, TrainingArguments
-from transformers.trainer import TRAINING_ARGS_NAME
+from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_pt_utils import find_batch_size
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -732,14 +731,11 @@ class GaudiTrainerMixin(TrainerShims):
         or saves no weights at all (SHARDED_STATE_DICT). Checkpoints come here too (``_save_checkpoint``); those
         of SHARDED_STATE_DICT keep only their sharded weights, as transformers writes them."""
         model = self.accelerator.unwrap_model(self.model)
-        peft = full_weights.is_peft(model)
-        streamed = (
-            self.is_fsdp_enabled and full_weights.is_sharded(model) and (peft or isinstance(model, PreTrainedModel))
-        )
+        streamed = self.is_fsdp_enabled and full_weights.is_sharded(model) and full_weights.saves(model)
         if not streamed or (_internal_call and "SHARDED" in str(self.accelerator.state.fsdp_plugin.state_dict_type)):
             return super().save_model(output_dir, _internal_call)
         output_dir = output_dir if output_dir is not None else self.args.output_dir
-        if peft:  # its adapters, saved by peft as transformers saves them
+        if full_weights.is_peft(model):  # its adapters, saved by peft as transformers saves them
             self._save(output_dir, state_dict=full_weights.adapter_state_dict(model))
         else:
             full_weights.save_pretrained(
@@ -759,6 +755,8 @@ class GaudiTrainerMixin(TrainerShims):
 
     def _save_beside_the_weights(self, output_dir: str) -> None:
         """What ``_save`` writes besides the model: the tokenizer (or processor), the arguments, the Gaudi config."""
+        from transformers.trainer import TRAINING_ARGS_NAME
+
         processor = self.processing_class or getattr(self.data_collator, "tokenizer", None)
         if processor is not None:
             processor.save_pretrained(output_dir)
