@@ -1,7 +1,7 @@
 """`make bench`: run the benchmarks in one process, print the tables, write docs/benchmarks.md.
 
 Each section is one side-by-side run. `BENCH_SECTIONS=compile make bench` reruns only the named sections
-(comma-separated: speed, compile, llama, fused_loss, distributed, allreduce, gpu) and replaces just those in docs/benchmarks.md,
+(comma-separated: speed, compile, llama, fused_loss, distributed, allreduce, gpu, sharded_save) and replaces just those in docs/benchmarks.md,
 each section saying when and under what load it was measured.
 """
 
@@ -26,6 +26,7 @@ from benchmarks import (  # noqa: E402
     fused_loss,
     gpu,
     llama_speed,
+    sharded_save,
     train_speed,
 )
 from benchmarks.common import markdown_table  # noqa: E402
@@ -132,6 +133,21 @@ def distributed_section(quick: bool) -> str:
     return f"## Distributed: fast_ddp and DDP on 2 CPU processes\n\n{t.table()}\n\n{text}"
 
 
+def sharded_save_section(quick: bool) -> str:
+    text, m = sharded_save.run(repeats=1 if quick else 2)
+    t = Targets()
+    growth = {setup: m[setup]["rank0_peak_growth"] for setup in m}
+    t.check("final save, streamed / gathered: rank 0 memory", growth["final_streamed"] / growth["final_gathered"], 0.6,
+            at_most=True)  # fmt: skip
+    t.check("final save, streamed / gathered: time", m["final_streamed"]["seconds"] / m["final_gathered"]["seconds"],
+            1.5, at_most=True)  # fmt: skip
+    t.check("checkpoint, sharded / full: rank 0 memory", growth["checkpoint_sharded"] / growth["checkpoint_full"], 0.5,
+            at_most=True)  # fmt: skip
+    t.check("checkpoint, sharded / full: time", m["checkpoint_sharded"]["seconds"] / m["checkpoint_full"]["seconds"],
+            1.0, at_most=True)  # fmt: skip
+    return f"## Saving an FSDP2 model: sharded checkpoints, streamed final weights\n\n{t.table()}\n\n{text}"
+
+
 def allreduce_section(quick: bool) -> str:
     return f"## All-reduce at scale: an alpha-beta estimate\n\n{allreduce_model.run()}"
 
@@ -175,6 +191,7 @@ SECTIONS = {
     "distributed": distributed_section,
     "allreduce": allreduce_section,
     "gpu": gpu_section,
+    "sharded_save": sharded_save_section,  # about 5 minutes on 2 cores: not a default section
 }
 DEFAULT_SECTIONS = ("speed", "compile", "llama", "distributed", "allreduce")  # gpu: only where one is lent
 

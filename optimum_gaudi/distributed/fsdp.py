@@ -14,6 +14,7 @@ from typing import Any
 
 def shard_where_accelerate_would_not(accelerator: Any, args: Any) -> bool:
     """Give a multi-process CPU run the FSDP plugin of ``args``; True where the state changed."""
+    from accelerate.state import PartialState
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     state = accelerator.state
@@ -23,6 +24,9 @@ def shard_where_accelerate_would_not(accelerator: Any, args: Any) -> bool:
     if state.mixed_precision != "no":
         plugin.set_mixed_precision(state.mixed_precision)
     state.distributed_type = DistributedType.FSDP
+    # As AcceleratorState.__init__ records it: every later AcceleratorState() (AcceleratedOptimizer makes one)
+    # copies PartialState's fields over its own, which would turn the run back to MULTI_CPU before a resume.
+    PartialState._shared_state["distributed_type"] = state.distributed_type
     state.fsdp_plugin = plugin
     return True
 

@@ -34,6 +34,7 @@ TRAINER_HOOKS = (
     "create_optimizer",
     "_clip_grad_norm",
     "log",
+    "save_model",  # under FSDP2, a plain transformers checkpoint streamed (distributed/full_weights.py)
     "_save",
     "train",  # the checkpoint hooks (optimum_gaudi.checkpoints)
     "_get_output_dir",

@@ -39,6 +39,7 @@ from ..configuration.gaudi_config import GaudiConfig
 from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
 from ..devices.autocast import OpListAutocast
 from ..devices.base import Fp8Plan
+from ..distributed import full_weights
 from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from ..distributed.fsdp import check_fsdp_arguments, shard_where_accelerate_would_not
 from ..features import attention, kernels
@@ -753,12 +754,43 @@ class GaudiTrainerMixin(TrainerShims):
 
     # ---- saving -------------------------------------------------------------------------------------
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Under FSDP2 the same files as without it, streamed (distributed/full_weights.py): transformers gathers
+        the whole model on rank 0 first (FULL_STATE_DICT, which then dies on rank 0's lone collective over gloo)
+        or saves no weights at all (SHARDED_STATE_DICT). Checkpoints come here too (``_save_checkpoint``); those
+        of SHARDED_STATE_DICT keep only their sharded weights, as transformers writes them."""
+        model = self.accelerator.unwrap_model(self.model)
+        streamed = self.is_fsdp_enabled and full_weights.is_sharded(model) and full_weights.saves(model)
+        if not streamed or (_internal_call and "SHARDED" in str(self.accelerator.state.fsdp_plugin.state_dict_type)):
+            return super().save_model(output_dir, _internal_call)
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if full_weights.is_peft(model):  # its adapters, saved by peft as transformers saves them
+            self._save(output_dir, state_dict=full_weights.adapter_state_dict(model))
+        else:
+            full_weights.save_pretrained(
+                model, output_dir, is_main_process=self.args.should_save, state_filter=without_fp8_state
+            )
+            if self.args.should_save:
+                self._save_beside_the_weights(output_dir)
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         if self._fp8 is not None:  # saved weights as plain transformers reads them: no fp8 scaling state
             state_dict = without_fp8_state(state_dict) if state_dict is not None else saved_state_dict(self.model)
         super()._save(output_dir, state_dict=state_dict)
         if self.args.should_save:
             self.gaudi_config.save_pretrained(output_dir if output_dir is not None else self.args.output_dir)
+
+    def _save_beside_the_weights(self, output_dir: str) -> None:
+        """What ``_save`` writes besides the model: the tokenizer (or processor), the arguments, the Gaudi config."""
+        from transformers.trainer import TRAINING_ARGS_NAME
+
+        processor = self.processing_class or getattr(self.data_collator, "tokenizer", None)
+        if processor is not None:
+            processor.save_pretrained(output_dir)
+        torch.save(self.args, os.path.join(output_dir, TRAINING_ARGS_NAME))
+        self.gaudi_config.save_pretrained(output_dir)
 
 
 class GaudiTrainer(GaudiTrainerMixin, Trainer):
