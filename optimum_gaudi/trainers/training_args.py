@@ -21,6 +21,7 @@ from ..configuration.gaudi_config import GaudiConfig
 from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
 from ..devices import CPUDevice, Device, detect_device
 from ..devices.hpu import bridge_installed, prepare_bridge
+from ..distributed import sequence_parallel
 from ..errors import UserError
 from ..features import attention
 from ..features.compilation import apply_dynamo_options, check_compile_flags, compile_choice_problem
@@ -180,7 +181,10 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
     )
     context_parallel_size: int = field(
         default=1,
-        metadata={"help": "Ranks per context-parallel group (sequence split across ranks); only 1 is supported."},
+        metadata={
+            "help": "Processes each sequence is split over (Ulysses sequence parallelism: attention heads spread by "
+            "all-to-all); they train the same batches, so the data-parallel world is world_size / N."
+        },
     )
     adjust_throughput: bool = field(
         default=False,
@@ -367,13 +371,9 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
     def _check_optimum_habana_flags(self) -> None:
         """optimum-habana's fields that cannot act here: an error when the run could not be what was asked, one
         line when it can (never a flag silently dropped)."""
-        if not isinstance(self.context_parallel_size, int) or self.context_parallel_size < 1:
-            raise GaudiArgumentError(f"--context_parallel_size must be >= 1, got {self.context_parallel_size!r}.")
-        if self.context_parallel_size > 1:
-            raise GaudiArgumentError(
-                f"--context_parallel_size {self.context_parallel_size}: context parallelism (each sequence split "
-                "across ranks) is not supported by this release; drop it (1, the default) to train data-parallel."
-            )
+        problem = sequence_parallel.argument_problem(self, int(os.environ.get("WORLD_SIZE", "1")))
+        if problem is not None:
+            raise GaudiArgumentError(problem)
         if self.use_compiled_autograd and not self.torch_compile:
             raise GaudiArgumentError(
                 "--use_compiled_autograd compiles the backward of a compiled model; add --torch_compile or drop it."
