@@ -14,7 +14,6 @@ import torch
 from conftest import FAKES
 
 from optimum_gaudi import GaudiTrainingArguments
-from optimum_gaudi.errors import UserError
 
 SCRIPT = Path(__file__).parent / "scripts" / "train_sequence_parallel.py"
 COMMON = dict(max_steps=2, gradient_accumulation_steps=2, optim="sgd", learning_rate=0.5, logging_steps=1)
@@ -74,21 +73,6 @@ def test_gaudi_fused_sdpa_is_the_local_kernel_on_the_simulated_gaudi(tmp_path):
     assert "distributed.hccl.alltoall_base" in split["hccl"]
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (
-            dict(context_parallel_size=2),
-            r"^--context_parallel_size 2 splits each sequence over 2 processes and this run has 1",
-        ),  # fmt: skip
-        (dict(context_parallel_size=0), r"^--context_parallel_size must be >= 1, got 0\.$"),
-    ],
-)
-def test_what_cannot_split_is_one_line_at_argument_time(tmp_path, flags, message):
-    with pytest.raises(UserError, match=message):
-        GaudiTrainingArguments(output_dir=str(tmp_path), **flags)
-
-
 def test_combinations_that_cannot_split_are_one_line(monkeypatch, tmp_path):
     from optimum_gaudi.distributed.sequence_parallel import argument_problem
 
@@ -117,3 +101,15 @@ def test_a_model_whose_heads_or_attention_cannot_split_is_one_line():
     )
     config._attn_implementation = "flash_attention_2"
     assert "the model uses flash_attention_2" in model_problem(config, 2)
+
+
+def test_transformers_parallelism_config_that_disagrees_is_one_line(tmp_path):
+    from accelerate import ParallelismConfig
+
+    from optimum_gaudi.distributed.sequence_parallel import argument_problem
+
+    args = GaudiTrainingArguments(output_dir=str(tmp_path))
+    args.context_parallel_size, args.parallelism_config = 2, ParallelismConfig(sp_size=2)
+    assert "parallelism_config split the sequences differently" in argument_problem(args, world_size=2)
+    args.parallelism_config = ParallelismConfig(cp_size=2)  # what a CUDA run under FSDP gets: torch's path
+    assert argument_problem(args, world_size=2) is None

@@ -54,6 +54,9 @@ def argument_problem(args: Any, world_size: int) -> str | None:
             f"{flag} splits each sequence over {size} processes and this run has {world_size}: launch a multiple of "
             f"{size} (optimum-gaudi launch --world_size {size} ...)."
         )
+    config = getattr(args, "parallelism_config", None)
+    if config is not None and (config.cp_size, config.sp_size) != (size, 1):
+        return f"{flag} and transformers' parallelism_config split the sequences differently; give one of them."
     if args.attn_implementation is not None and args.attn_implementation not in LOCAL_KERNELS:
         return f"{flag} runs attention with sdpa, eager or gaudi_fused_sdpa, not {args.attn_implementation}."
     for given, name in ((args.torch_compile, "--torch_compile"), (args.use_hpu_graphs_for_training, "--use_hpu_graphs_for_training")):  # fmt: skip

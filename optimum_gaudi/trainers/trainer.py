@@ -265,7 +265,7 @@ class GaudiTrainerMixin(TrainerShims):
         if shard_where_accelerate_would_not(self.accelerator, self.args):  # --fsdp on CPU processes: FSDP, not DDP
             self.is_fsdp_enabled = True
             check_fsdp_arguments(self.accelerator, self.args)
-        if self.args.context_parallel_size > 1:
+        if self.args.context_parallel_size > 1 and self.args.parallelism_config is None:  # else torch's (CUDA + FSDP)
             self._sequence_parallel = SequenceParallel(self.args.context_parallel_size)
 
     def get_cp_size(self) -> int:

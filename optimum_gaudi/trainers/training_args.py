@@ -259,6 +259,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched on several processes
             self.ddp_backend = self.ddp_backend or self.gaudi_device.ddp_backend
             self.gaudi_device.register_ddp_backend()
+        if self.context_parallel_size > 1 and self.fsdp and self.gaudi_device.torch_context_parallel:
+            self._use_torch_context_parallel()
         if self.torch_compile and self.torch_compile_backend is None:
             self.torch_compile_backend = self.gaudi_device.compile_backend
         elif self.torch_compile_backend == "hpu_backend" != self.gaudi_device.compile_backend:
@@ -388,6 +390,15 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
                 "--use_zero3_leaf_promotion is not applied by the trainer (in optimum-habana its scripts do it): with "
                 "DeepSpeed ZeRO-3 call optimum_gaudi.distributed.apply_zero3_leaf_promotion(model) before the trainer."
             )
+
+    def _use_torch_context_parallel(self) -> None:
+        """Under FSDP2 on a device whose SDPA kernels torch's context parallelism shards (CUDA): transformers' and
+        accelerate's own path (ring attention, ``parallelism_config.cp_size``) instead of the all-to-all."""
+        from accelerate import ParallelismConfig
+
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        size = self.context_parallel_size
+        self.parallelism_config = ParallelismConfig(dp_shard_size=world // size, cp_size=size)
 
     def _check_deepspeed_config(self) -> None:
         """transformers reports a DeepSpeed config value that disagrees with the arguments (e.g. "bf16": {"enabled":
