@@ -54,6 +54,10 @@ def argument_problem(args: Any, world_size: int) -> str | None:
             f"{flag} splits each sequence over {size} processes and this run has {world_size}: launch a multiple of "
             f"{size} (optimum-gaudi launch --world_size {size} ...)."
         )
+    from transformers import Trainer, __version__
+
+    if not hasattr(Trainer, "get_cp_size"):  # where the trainer scales the loss and batch size by the split
+        return f"{flag} needs a transformers release whose Trainer has get_cp_size (5.x); this is {__version__}."
     config = getattr(args, "parallelism_config", None)
     if config is not None and (config.cp_size, config.sp_size) != (size, 1):
         return f"{flag} and transformers' parallelism_config split the sequences differently; give one of them."

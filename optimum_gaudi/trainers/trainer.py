@@ -265,7 +265,8 @@ class GaudiTrainerMixin(TrainerShims):
         if shard_where_accelerate_would_not(self.accelerator, self.args):  # --fsdp on CPU processes: FSDP, not DDP
             self.is_fsdp_enabled = True
             check_fsdp_arguments(self.accelerator, self.args)
-        if self.args.context_parallel_size > 1 and self.args.parallelism_config is None:  # else torch's (CUDA + FSDP)
+        torch_cp = getattr(self.args, "parallelism_config", None) is not None  # CUDA under FSDP: torch's own path
+        if self.args.context_parallel_size > 1 and not torch_cp:
             self._sequence_parallel = SequenceParallel(self.args.context_parallel_size)
 
     def get_cp_size(self) -> int:
