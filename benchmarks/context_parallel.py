@@ -1,20 +1,16 @@
 """The longest sequence a Llama trains under a per-process memory cap: 1 process against 2 splitting each sequence
 (--context_parallel_size 2).
 
-A small Llama (2 layers, width 256, 8 query and 4 key/value heads, a 4k vocabulary), batch 1, float32, sdpa, AdamW.
-For a candidate length every process trains one step, and the length fits
-when each process's peak resident memory stays within the cap (the peak is reset before each try, freed memory
-returned to the system first: Linux's /proc/self/clear_refs and glibc's malloc_trim). A binary search over
-multiples of 256 tokens finds the longest length that fits; every rank takes the same decisions (the peak is the
-largest over the ranks).
+A small Llama (2 layers, width 256, 8 query and 4 key/value heads, Llama 2's 32k vocabulary), batch 1, float32,
+sdpa, AdamW. A length fits when a fresh run (1 process, or 2 under torchrun) training one step on it keeps the peak
+resident memory (VmHWM) of every process within the cap; a binary search over multiples of 256 tokens finds the
+longest. (Trying lengths one after the other in one process measured memory glibc kept from the earlier tries.)
 
-`python benchmarks/context_parallel.py OUT.json CAP_MB` is the worker (directly, or under torchrun).
+`python benchmarks/context_parallel.py OUT.json LENGTH` is the worker (directly, or under torchrun).
 """
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import json
 import os
 import re
@@ -25,19 +21,13 @@ import tempfile
 from pathlib import Path
 
 STEP = 256  # lengths are multiples of this (and of 2, so the split needs no padding)
-LONGEST = 32 * 1024
-VOCAB = 4096
+LONGEST = 16 * 1024
+VOCAB = 32000  # Llama 2's
 
 
 def _peak_rss_mb() -> float:
     text = Path("/proc/self/status").read_text()
     return int(re.search(r"VmHWM:\s+(\d+) kB", text).group(1)) / 1024
-
-
-def _reset_peak() -> None:
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := the current resident size
 
 
 def _llama():
@@ -52,44 +42,35 @@ def _llama():
     return LlamaForCausalLM(config)
 
 
-def _fits(length: int, split: int, cap_mb: float, tmp: str) -> tuple[bool, float]:
-    """Train a step on `length` tokens; (within the cap on every rank, the largest peak in MB)."""
+def _peak_mb(length: int, split: int, tmp: str) -> float:
+    """Train a step on `length` tokens in this (fresh) process; the largest peak resident MB over the ranks."""
     import torch
 
     from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 
     ids = torch.tensor([1 + i % (VOCAB - 1) for i in range(length)])
-    rows = [{"input_ids": ids, "labels": ids}]
     args = GaudiTrainingArguments(
         output_dir=tmp, max_steps=1, per_device_train_batch_size=1, report_to="none", save_strategy="no",
         disable_tqdm=True, context_parallel_size=split, logging_steps=1,
     )  # fmt: skip
-    trainer = GaudiTrainer(model=_llama(), args=args, train_dataset=rows)
-    _reset_peak()
+    trainer = GaudiTrainer(model=_llama(), args=args, train_dataset=[{"input_ids": ids, "labels": ids}])
     trainer.train()
     peak = torch.tensor(_peak_rss_mb())
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
-    del trainer
-    return peak.item() <= cap_mb, peak.item()
+    return peak.item()
 
 
 def worker() -> None:
+    """One try: train a step on LENGTH tokens, write the largest peak over the ranks."""
     import torch
 
-    out, cap_mb = sys.argv[1], float(sys.argv[2])
-    split = int(os.environ.get("WORLD_SIZE", "1"))
+    out, length = sys.argv[1], int(sys.argv[2])
     torch.set_num_threads(1)
-    tries = {}
-    low, high = 0, LONGEST // STEP + 1  # low fits (0: nothing), high does not
     with tempfile.TemporaryDirectory() as tmp:
-        while high - low > 1:
-            middle = (low + high) // 2
-            fits, peak = _fits(middle * STEP, split, cap_mb, tmp)
-            tries[middle * STEP] = round(peak)
-            low, high = (middle, high) if fits else (low, middle)
+        peak = _peak_mb(length, int(os.environ.get("WORLD_SIZE", "1")), tmp)
     if int(os.environ.get("RANK", "0")) == 0:
-        Path(out).write_text(json.dumps({"longest": low * STEP, "tries": tries}))
+        Path(out).write_text(json.dumps({"peak_mb": peak}))
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     sys.stdout.flush()
@@ -102,10 +83,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def longest(processes: int, cap_mb: int) -> dict:
+def _try(processes: int, length: int) -> float:
+    """The peak resident memory (MB, largest over the processes) of a fresh run training `length` tokens."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, __file__, str(out), str(cap_mb)]
+        cmd = [sys.executable, __file__, str(out), str(length)]
         if processes > 1:
             launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
             cmd = [*launcher, "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), *cmd[1:]]
@@ -113,11 +95,22 @@ def longest(processes: int, cap_mb: int) -> dict:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # fmt: skip
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if done.returncode != 0:
-            raise RuntimeError(f"{processes} process(es) failed:\n{done.stderr[-3000:]}")
-        return json.loads(out.read_text())
+            raise RuntimeError(f"{processes} process(es), {length} tokens failed:\n{done.stderr[-3000:]}")
+        return json.loads(out.read_text())["peak_mb"]
 
 
-def run(cap_mb: int = 1200) -> tuple[str, dict]:
+def longest(processes: int, cap_mb: float) -> dict:
+    """Binary search over multiples of STEP: the longest length whose peak stays within the cap."""
+    tries = {}
+    low, high = 0, LONGEST // STEP + 1  # low fits (0: nothing), high does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        tries[middle * STEP] = round(_try(processes, middle * STEP))
+        low, high = (middle, high) if tries[middle * STEP] <= cap_mb else (low, middle)
+    return {"longest": low * STEP, "tries": tries}
+
+
+def run(cap_mb: int = 2000) -> tuple[str, dict]:
     from benchmarks.common import markdown_table
 
     one, two = longest(1, cap_mb), longest(2, cap_mb)
@@ -127,9 +120,9 @@ def run(cap_mb: int = 1200) -> tuple[str, dict]:
         rows.append([name, f"{result['longest']:,}", tried])
     table = markdown_table(["setup", f"longest sequence within {cap_mb} MB per process", "tried (tokens: peak MB)"], rows)  # fmt: skip
     text = (
-        "A small Llama (2 layers, width 256, 8 query and 4 key/value heads, 4k vocabulary), float32, "
-        f"sdpa, AdamW, batch 1; peak resident memory per process against a {cap_mb} MB cap, binary search over "
-        f"multiples of {STEP} tokens.\n\n{table}"
+        "A small Llama (2 layers, width 256, 8 query and 4 key/value heads, Llama 2's 32k vocabulary), float32, "
+        f"sdpa, AdamW, batch 1; the peak resident memory of each process of a fresh run against a {cap_mb} MB cap, "
+        f"binary search over multiples of {STEP} tokens.\n\n{table}"
     )
     return text, {"one": one["longest"], "two": two["longest"]}
 
