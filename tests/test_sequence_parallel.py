@@ -99,6 +99,9 @@ def test_a_model_whose_heads_or_attention_cannot_split_is_one_line():
         "--context_parallel_size 8 gives each process 1/8 of the attention heads: the model has 8 query and 4 "
         "key/value heads; choose a size that divides both."
     )
+    config.sliding_window = 8
+    assert "sliding window" in model_problem(config, 2)
+    config.sliding_window = None
     config._attn_implementation = "flash_attention_2"
     assert "the model uses flash_attention_2" in model_problem(config, 2)
 

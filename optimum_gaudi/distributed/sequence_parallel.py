@@ -82,6 +82,9 @@ def model_problem(config: Any, size: int) -> str | None:
     kernel = getattr(config, "_attn_implementation", None) or "eager"
     if kernel not in (*LOCAL_KERNELS, ATTENTION_NAME):
         return f"{flag} runs attention with sdpa, eager or gaudi_fused_sdpa; the model uses {kernel}."
+    sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
+    if sliding or (getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)):
+        return f"{flag} builds a causal mask over the whole sequence; this model attends through a sliding window."
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     if not isinstance(heads, int) or heads % size or kv_heads % size:
