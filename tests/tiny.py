@@ -86,4 +86,6 @@ def trained_llama(args, attn_implementation: str = "sdpa", padding_side: str = "
     )
     trained = losses(trainer)
     parameters = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
-    return {"losses": trained, "parameters": parameters.tolist()}
+    (end,) = [h for h in trainer.state.log_history if "train_samples_per_second" in h]
+    batch = end["train_samples_per_second"] / end["train_steps_per_second"]  # the global batch, as logged
+    return {"losses": trained, "parameters": parameters.tolist(), "logged_batch": batch}

@@ -681,13 +681,14 @@ class GaudiTrainerMixin(TrainerShims):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         world = self.args.world_size
+        data_world = world // self.get_cp_size()  # the ranks splitting a sequence train (and count) one batch
         eval_prefixes = [k.removesuffix("_runtime") for k in logs if k.endswith("_runtime") and k != "train_runtime"]
         if "train_runtime" in logs:
-            self._throughput.rewrite(logs, self.state.global_step, world)
+            self._throughput.rewrite(logs, self.state.global_step, data_world)
         elif eval_prefixes:
             self._throughput.rewrite_eval(logs, eval_prefixes[0], world)
         elif "loss" in logs:
-            logs.update(self._throughput.interval(self.state.global_step, world))
+            logs.update(self._throughput.interval(self.state.global_step, data_world))
             if self.is_world_process_zero():
                 logs.update(self.gaudi_device.memory_stats())
             self._run_totals_snapshot(self.control, logged=True)
