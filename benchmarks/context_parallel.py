@@ -110,7 +110,7 @@ def longest(processes: int, cap_mb: float) -> dict:
     return {"longest": low * STEP, "tries": tries}
 
 
-def run(cap_mb: int = 2000) -> tuple[str, dict]:
+def run(cap_mb: int = 1200) -> tuple[str, dict]:
     from benchmarks.common import markdown_table
 
     one, two = longest(1, cap_mb), longest(2, cap_mb)
