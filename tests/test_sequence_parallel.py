@@ -51,14 +51,19 @@ def assert_same_training(split: dict, single: dict) -> None:
 
 def test_sequences_split_over_4_and_2_ranks_train_as_one_process(tmp_path):
     """4 ranks: one group of 4 (sdpa, grouped heads, left padding, lengths 4 does not divide); then 2 groups of 2,
-    data parallel over the groups (eager attention, right padding: the one process pads its 4 rows together)."""
+    data parallel over the groups (eager attention, right padding: the one process pads its 4 rows together),
+    under DDP and under FSDP2."""
     runs = {
         "cp4": run(tmp_path, "cp4", "sdpa", "left", per_device_train_batch_size=2, context_parallel_size=4),
         "cp2": run(tmp_path, "cp2", "eager", "right", per_device_train_batch_size=2, context_parallel_size=2),
+        "cp2_fsdp": run(tmp_path, "fsdp", "sdpa", "right", per_device_train_batch_size=2, context_parallel_size=2),
     }
+    runs["cp2_fsdp"]["args"]["fsdp"] = "full_shard"
     split = launch(tmp_path, 4, runs)
     assert_same_training(split["cp4"], single_process(tmp_path, "sdpa", "left", per_device=2))
     assert_same_training(split["cp2"], single_process(tmp_path, "eager", "right", per_device=4))
+    assert split["cp2_fsdp"]["fsdp"] and not split["cp2"]["fsdp"]  # FSDP2's averaging, then DDP's
+    assert_same_training(split["cp2_fsdp"], single_process(tmp_path, "sdpa", "right", per_device=4))
     assert split["cp4"]["losses"] != split["cp2"]["losses"]  # two different trainings, each matched
 
 

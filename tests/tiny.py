@@ -85,7 +85,13 @@ def trained_llama(args, attn_implementation: str = "sdpa", padding_side: str = "
         data_collator=lambda rows: pad_rows(rows, padding_side),
     )
     trained = losses(trainer)
-    parameters = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
+    full = [getattr(p, "full_tensor", p.detach)() for p in trainer.model.parameters()]  # FSDP: gathered shards
+    parameters = torch.cat([p.detach().reshape(-1) for p in full])
     (end,) = [h for h in trainer.state.log_history if "train_samples_per_second" in h]
     batch = end["train_samples_per_second"] / end["train_steps_per_second"]  # the global batch, as logged
-    return {"losses": trained, "parameters": parameters.tolist(), "logged_batch": batch}
+    return {
+        "losses": trained,
+        "parameters": parameters.tolist(),
+        "logged_batch": batch,
+        "fsdp": trainer.is_fsdp_enabled,
+    }
