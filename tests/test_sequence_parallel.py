@@ -52,31 +52,37 @@ def assert_same_training(split: dict, single: dict) -> None:
 def test_sequences_split_over_4_and_2_ranks_train_as_one_process(tmp_path):
     """4 ranks: one group of 4 (sdpa, grouped heads, left padding, lengths 4 does not divide); then 2 groups of 2,
     data parallel over the groups (eager attention, right padding: the one process pads its 4 rows together),
-    under DDP and under FSDP2."""
+    under DDP, FSDP2 and fast_ddp."""
     runs = {
         "cp4": run(tmp_path, "cp4", "sdpa", "left", per_device_train_batch_size=2, context_parallel_size=4),
         "cp2": run(tmp_path, "cp2", "eager", "right", per_device_train_batch_size=2, context_parallel_size=2),
         "cp2_fsdp": run(tmp_path, "fsdp", "sdpa", "right", per_device_train_batch_size=2, context_parallel_size=2),
     }
     runs["cp2_fsdp"]["args"]["fsdp"] = "full_shard"
+    runs["cp2_fast"] = run(tmp_path, "fast", "sdpa", "right", per_device_train_batch_size=2, context_parallel_size=2)
+    runs["cp2_fast"]["args"]["distribution_strategy"] = "fast_ddp"
     split = launch(tmp_path, 4, runs)
     assert_same_training(split["cp4"], single_process(tmp_path, "sdpa", "left", per_device=2))
     assert_same_training(split["cp2"], single_process(tmp_path, "eager", "right", per_device=4))
-    assert split["cp2_fsdp"]["fsdp"] and not split["cp2"]["fsdp"]  # FSDP2's averaging, then DDP's
-    assert_same_training(split["cp2_fsdp"], single_process(tmp_path, "sdpa", "right", per_device=4))
+    assert split["cp2_fsdp"]["fsdp"] and not split["cp2"]["fsdp"]  # FSDP2's averaging, DDP's, fast_ddp's
+    single = single_process(tmp_path, "sdpa", "right", per_device=4)
+    assert_same_training(split["cp2_fsdp"], single)
+    assert_same_training(split["cp2_fast"], single)
     assert split["cp4"]["losses"] != split["cp2"]["losses"]  # two different trainings, each matched
 
 
 def test_gaudi_fused_sdpa_is_the_local_kernel_on_the_simulated_gaudi(tmp_path):
-    """2 processes over hccl on the simulated hpu device: FusedSDPA sees the whole sequence for half the heads,
-    between all-to-alls on hpu tensors, and the training is the one-process training on CPU."""
+    """2 processes over hccl on the simulated hpu device in lazy mode (as optimum-habana's long-sequence command):
+    FusedSDPA sees the whole sequence for half the heads, between all-to-alls on hpu tensors, and the training is
+    the one-process training on CPU."""
     runs = {"cp2": run(tmp_path, "cp2", "sdpa", "right", per_device_train_batch_size=2)}
-    runs["cp2"]["args"] |= dict(use_habana=True, attn_implementation="gaudi_fused_sdpa", context_parallel_size=2)
+    runs["cp2"]["args"] |= dict(use_habana=True, use_lazy_mode=True, attn_implementation="gaudi_fused_sdpa")
+    runs["cp2"]["args"] |= dict(flash_attention_recompute=True, context_parallel_size=2)
     env = dict(PYTHONPATH=f"{FAKES}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", FAKE_HPU_DEVICE="1")
-    split = launch(tmp_path, 2, runs, FAKE_HPU_SOFTWARE="1.21", **env)["cp2"]
+    split = launch(tmp_path, 2, runs, FAKE_HPU_SOFTWARE="1.19", PT_HPU_LAZY_MODE="1", **env)["cp2"]
     assert_same_training(split, single_process(tmp_path, "sdpa", "right", per_device=2))
     assert split["fused_sdpa_heads"] and set(split["fused_sdpa_heads"]) == {4}  # 8 heads, 4 on each rank
-    assert "distributed.hccl.alltoall_base" in split["hccl"]
+    assert {"distributed.hccl.alltoall_base", "distributed.hccl.step_marker"} <= set(split["hccl"])  # lazy mode
 
 
 def test_combinations_that_cannot_split_are_one_line(monkeypatch, tmp_path):
