@@ -7,13 +7,13 @@ slice. Before each attention layer an all-to-all turns the query/key/value slice
 [batch, heads/N, seq, dim]: every rank attends over the whole sequence for 1/N of the heads with the model's own
 kernel (``sdpa``, ``eager`` or ``gaudi_fused_sdpa``, FusedSDPA on a Gaudi), and the inverse all-to-all brings
 the output back to the sequence slices. The backward of an all-to-all is the same all-to-all, so gradients reach
-each rank's slice; summed over the group by the data-parallel averaging (DDP, FSDP, fast_ddp), whose loss scale
-transformers sets from ``Trainer.get_cp_size()``, they are the whole batch's.
+each rank's slice; summed over the group by the data-parallel averaging (DDP, FSDP, fast_ddp), with the token
+count transformers divides by ``Trainer.get_cp_size()``, they are the whole batch's.
 
 The data-parallel world is world/N: the sampler gives the ranks of a group the same batches. Labels are shifted
 over the whole sequence before the split (transformers' ``shift_labels``), positions are global (RoPE), the
-attention mask is built once over the whole sequence from the full padding mask and positions (packed sequences
-included), and ``num_items_in_batch`` is counted on the full batch. A length that N does not divide is padded at
+attention mask is built once over the whole sequence from the full padding mask and positions, as the model
+would build it, and ``num_items_in_batch`` is counted on the full batch. A length that N does not divide is padded at
 the end with tokens nothing attends to (causal) and no label. Evaluation is not split: each rank evaluates its
 own batches whole.
 """
@@ -224,11 +224,9 @@ class SequenceParallel:
             if isinstance(shard, (BatchSamplerShard, IterableDatasetShard)):
                 shard.num_processes, shard.process_index = self.groups, self.group_index
                 return dataloader
-        if self.groups == 1 and not isinstance(dataloader.batch_sampler, BatchSamplerShard):
-            return dataloader
-        raise UserError(
-            f"--context_parallel_size {self.size}: the training data loader is not sharded by accelerate's sampler "
-            "(dispatch_batches?); drop --accelerator_config dispatch_batches."
+        raise UserError(  # accelerate dispatches an iterable dataset's batches from rank 0 by default
+            f"--context_parallel_size {self.size} needs each rank to read its own batches; with an iterable dataset "
+            """give --accelerator_config '{"dispatch_batches": false}'."""
         )
 
     @contextlib.contextmanager
