@@ -128,3 +128,17 @@ def test_transformers_parallelism_config_that_disagrees_is_one_line(tmp_path):
     assert "parallelism_config split the sequences differently" in argument_problem(args, world_size=2)
     args.parallelism_config = ParallelismConfig(cp_size=2)  # what a CUDA run under FSDP gets: torch's path
     assert argument_problem(args, world_size=2) is None
+
+
+def test_cuda_under_fsdp_takes_transformers_context_parallel_path(tmp_path, monkeypatch):
+    """Where torch's context parallelism shards the device's SDPA (CUDA) and FSDP2 runs, --context_parallel_size
+    becomes transformers' parallelism_config (FSDP over world / N, cp N)."""
+    from optimum_gaudi.devices import CPUDevice, CUDADevice
+
+    assert CUDADevice.torch_context_parallel and not CPUDevice.torch_context_parallel
+    args = GaudiTrainingArguments(output_dir=str(tmp_path))
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    args.context_parallel_size = 4
+    args._use_torch_context_parallel()
+    config = args.parallelism_config
+    assert (config.cp_size, config.dp_shard_size, config.total_size) == (4, 2, 8)
