@@ -39,8 +39,12 @@ def run(tmp_path, name: str, attn: str, side: str, **args) -> dict:
 
 def single_process(tmp_path, attn: str, side: str, per_device: int) -> dict:
     args = GaudiTrainingArguments(output_dir=str(tmp_path / "single"), per_device_train_batch_size=per_device, **COMMON)
-    torch.set_num_threads(1)
-    return tiny.trained_llama(args, attn, side)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank
+    try:
+        return tiny.trained_llama(args, attn, side)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def assert_same_training(split: dict, single: dict) -> None:
