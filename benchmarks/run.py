@@ -1,7 +1,7 @@
 """`make bench`: run the benchmarks in one process, print the tables, write docs/benchmarks.md.
 
 Each section is one side-by-side run. `BENCH_SECTIONS=compile make bench` reruns only the named sections
-(comma-separated: speed, compile, llama, fused_loss, distributed, allreduce, gpu, sharded_save) and replaces just those in docs/benchmarks.md,
+(comma-separated: speed, compile, llama, fused_loss, distributed, allreduce, context_parallel, gpu, sharded_save) and replaces just those in docs/benchmarks.md,
 each section saying when and under what load it was measured.
 """
 
@@ -22,6 +22,7 @@ import torch  # noqa: E402
 from benchmarks import (  # noqa: E402
     allreduce_model,
     compile_speed,
+    context_parallel,
     distributed,
     fused_loss,
     gpu,
@@ -152,6 +153,13 @@ def allreduce_section(quick: bool) -> str:
     return f"## All-reduce at scale: an alpha-beta estimate\n\n{allreduce_model.run()}"
 
 
+def context_parallel_section(quick: bool) -> str:
+    text, m = context_parallel.run(cap_mb=700 if quick else 1200)
+    t = Targets()
+    t.check("longest sequence within the cap: 2 processes splitting it / 1 process", m["two"] / max(m["one"], 1), 1.8)
+    return f"## Long sequences: --context_parallel_size 2 under a memory cap\n\n{t.table()}\n\n{text}"
+
+
 def gpu_section(quick: bool) -> str:
     """Only where a GPU is lent (BENCH_SECTIONS=gpu): the default sections run on the CPU."""
     tiny = quick or os.environ.get("BENCH_GPU_TINY") == "1"
@@ -190,10 +198,18 @@ SECTIONS = {
     "fused_loss": fused_loss_section,
     "distributed": distributed_section,
     "allreduce": allreduce_section,
+    "context_parallel": context_parallel_section,
     "gpu": gpu_section,
     "sharded_save": sharded_save_section,  # about 5 minutes on 2 cores: not a default section
 }
-DEFAULT_SECTIONS = ("speed", "compile", "llama", "distributed", "allreduce")  # gpu: only where one is lent
+DEFAULT_SECTIONS = (
+    "speed",
+    "compile",
+    "llama",
+    "distributed",
+    "allreduce",
+    "context_parallel",
+)  # gpu: only where one is lent
 
 
 def _sections_of(text: str) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The tiny GPT-2 and data the tests train, as plain functions.
+"""The tiny GPT-2, the tiny Llama and data the tests train, as plain functions.
 
 conftest.py's fixtures wrap them; scripts run under torchrun and forkserver children cannot use fixtures, so
 they import these (``sys.path`` holds tests/ under pytest; a script adds it itself).
@@ -26,15 +26,37 @@ def gpt2(seed: int = 0, **overrides) -> GPT2LMHeadModel:
     return GPT2LMHeadModel(gpt2_config(**overrides))
 
 
+def llama_config(**overrides) -> LlamaConfig:
+    """2 layers, width 32, 4 query heads over 2 key/value heads (grouped-query), the same vocabulary and length."""
+    return LlamaConfig(
+        **{
+            "vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": LENGTH, **overrides,
+        }
+    )  # fmt: skip
+
+
 def llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
-    """A tiny Llama (2 layers, width 32, 4 heads over 2 key-value heads, the same vocabulary and positions), the
-    same weights for every call with the same seed and overrides."""
+    """A Llama-family model: the same freshly initialised weights for every call with the same seed."""
     torch.manual_seed(seed)
-    config = {
-        "vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": LENGTH, **overrides,
-    }  # fmt: skip
-    return LlamaForCausalLM(LlamaConfig(**config))
+    return LlamaForCausalLM(llama_config(**overrides))
+
+
+def llama_8_heads(seed: int = 0, **overrides) -> LlamaForCausalLM:
+    """1 layer, width 32, 8 query and 4 key/value heads (grouped), a 100-token vocabulary; the same weights for
+    every call with the same seed and overrides."""
+    torch.manual_seed(seed)
+    config = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=8)
+    config |= dict(num_key_value_heads=4, max_position_embeddings=64, pad_token_id=0)
+    return LlamaForCausalLM(LlamaConfig(**{**config, **overrides}))
+
+
+def padded_lm_data(rows: int = 32, longest: int = LENGTH - 1) -> list[dict]:
+    """``rows`` random sequences of 3 to ``longest`` tokens (labels = inputs), to be padded into batches."""
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(3, longest + 1, (rows,), generator=g).tolist()
+    ids = [torch.randint(1, VOCAB, (n,), generator=g).tolist() for n in lengths]
+    return [{"input_ids": r, "labels": r} for r in ids]
 
 
 def lm_data(rows: int = 64, length: int = LENGTH) -> list[dict]:
@@ -52,3 +74,40 @@ def losses(trainer) -> list[float]:
 
 def logged_losses(trainer) -> list[float]:
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def pad_rows(rows: list[dict], side: str = "right") -> dict:
+    """A batch of ``rows`` padded to the longest: token 0, attention mask 0, label -100, on ``side``."""
+    longest = max(len(r["input_ids"]) for r in rows)
+    batch = {"input_ids": [], "attention_mask": [], "labels": []}
+    for r in rows:
+        n, pad = len(r["input_ids"]), longest - len(r["input_ids"])
+        for key, value, fill in (("input_ids", r["input_ids"], 0), ("attention_mask", [1] * n, 0), ("labels", r["labels"], -100)):  # fmt: skip
+            batch[key].append(value + [fill] * pad if side == "right" else [fill] * pad + value)
+    return {k: torch.tensor(v) for k, v in batch.items()}
+
+
+def trained_llama(args, attn_implementation: str = "sdpa", padding_side: str = "right") -> dict:
+    """Train the tiny Llama on ``padded_lm_data`` with ``args`` (a GaudiTrainingArguments); rank 0's view of
+    the run: per-step losses and the trained parameters."""
+    from optimum_gaudi import GaudiTrainer
+
+    model = llama_8_heads()
+    model.set_attn_implementation(attn_implementation)
+    trainer = GaudiTrainer(
+        model=model,
+        args=args,
+        train_dataset=padded_lm_data(),
+        data_collator=lambda rows: pad_rows(rows, padding_side),
+    )
+    trained = losses(trainer)
+    full = [getattr(p, "full_tensor", p.detach)() for p in trainer.model.parameters()]  # FSDP: gathered shards
+    parameters = torch.cat([p.detach().reshape(-1) for p in full])
+    (end,) = [h for h in trainer.state.log_history if "train_samples_per_second" in h]
+    batch = end["train_samples_per_second"] / end["train_steps_per_second"]  # the global batch, as logged
+    return {
+        "losses": trained,
+        "parameters": parameters.tolist(),
+        "logged_batch": batch,
+        "fsdp": trainer.is_fsdp_enabled,
+    }

@@ -34,6 +34,7 @@ FEATURES = (
     "use_fused_rope",
     "use_fused_linear_cross_entropy",
     "fp8",
+    "context_parallel_size",
 )
 
 
@@ -73,6 +74,10 @@ class Device:
     # ModuleCacher). accelerate's mixed precision rebinds ``model.forward.__func__`` to the model, which breaks
     # such a forward: the trainer then keeps accelerate's mixed precision off and enters the autocast itself.
     training_graph_forward_bound_elsewhere: ClassVar[bool] = False
+    # --context_parallel_size under --fsdp runs torch's context parallelism (transformers' parallelism_config): its
+    # ring attention shards this device's SDPA kernels. Elsewhere (no sharding rule for the CPU's kernels nor for
+    # FusedSDPA) the sequences split around the attention registry (distributed/sequence_parallel.py).
+    torch_context_parallel: ClassVar[bool] = False
     # training graphs give trainable parameters the forward does not use a zero gradient (not None)
     training_graphs_zero_unused_grads: ClassVar[bool] = False
 

@@ -125,6 +125,7 @@ class InferenceGraphs:
 class CUDADevice(Device):
     type = "cuda"
     ddp_backend = "nccl"
+    torch_context_parallel = True
     behaviour = {
         "use_habana": "no Gaudi here: runs on CUDA",
         "use_lazy_mode": "eager execution (no lazy graphs on CUDA)",
@@ -141,6 +142,7 @@ class CUDADevice(Device):
         "use_fused_rope": "no-op: the model's own rotary embedding",
         "use_fused_linear_cross_entropy": "training loss from the hidden states in chunks, no full logits",
         "fp8": "torchao Float8Linear on GPUs with fp8 matmuls (compute capability 8.9+)",
+        "context_parallel_size": "with --fsdp: torch context parallelism (ring SDPA, parallelism_config); else all-to-all (nccl)",
     }
 
     def count(self) -> int:

@@ -202,6 +202,7 @@ class HPUDevice(Device):
         "use_fused_rope": "hpex.kernels.RotaryPosEmbeddingHelperV1 for Llama-style rotary embedding",
         "use_fused_linear_cross_entropy": "training loss from the hidden states in chunks, no full logits",
         "fp8": "Intel Gaudi Transformer Engine: te.Linear under te.fp8_autocast (delayed scaling, HYBRID format)",
+        "context_parallel_size": "sequences split over the cards: all-to-all (hccl) around FusedSDPA / the attention kernel",
     }
 
     # Modules are looked up per call (sys.modules makes that cheap) so the device object stays picklable:

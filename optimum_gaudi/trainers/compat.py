@@ -1,8 +1,10 @@
 """What this package needs from the installed transformers: the hooks, a shim per older release, one check.
 
-The Gaudi features override a handful of Trainer hooks. transformers 5.3 has them all; older releases
-(5.0 to 5.2, 4.57) lack three, which the small shims below rebuild from what those releases do have. They
-sit between the Gaudi mixin and the Trainer and are empty on 5.3 and later. A release that drops or
+The Gaudi features override a handful of Trainer hooks. Older releases (5.0 to 5.2, 4.57) lack three of
+them, which the small shims below rebuild from what those releases do have.
+``get_cp_size`` (context parallelism's divisor) is shimmed as 1 where it is missing, and
+--context_parallel_size is refused there. The shims sit between the Gaudi mixin and the Trainer and are
+empty on a release that has every hook. A release that drops or
 renames a hook with no shim fails at construction with one clear line, never silently trains without the
 feature.
 """
@@ -42,6 +44,8 @@ TRAINER_HOOKS = (
     "_save_optimizer_and_scheduler",  # --async_save: FSDP's shards written in the background
     "_load_from_checkpoint",  # the fp8 scaling state a checkpoint keeps beside the weights (features/fp8.py)
     "_load_callback_state",  # run totals kept out of callback-state matching (metrics.py)
+    "get_cp_size",  # --context_parallel_size: the ranks that share a batch (distributed/sequence_parallel.py)
+    "get_train_dataloader",  # --context_parallel_size: those ranks read the same batches
 )
 
 
@@ -138,19 +142,28 @@ def _mixed_precision(args: Any, value: str) -> Iterator[None]:
             args.mixed_precision = saved_arg
 
 
+class _CpSize:
+    """transformers < 5.x without ``get_cp_size``: nothing there divides by it (and --context_parallel_size is
+    refused there in one line, distributed/sequence_parallel.py)."""
+
+    def get_cp_size(self) -> int:
+        return 1
+
+
 SHIMS = tuple(
     shim
     for shim, needed in (
         (_CreateOptimizerTakesModel, "model" not in inspect.signature(Trainer.create_optimizer).parameters),
         (_ClipGradNormHook, not hasattr(Trainer, "_clip_grad_norm")),
         (_BuildAcceleratorArgsHook, not hasattr(Trainer, "_build_accelerator_args")),
+        (_CpSize, not hasattr(Trainer, "get_cp_size")),
     )
     if needed
 )
 
 
 class TrainerShims(*SHIMS):
-    """Base of GaudiTrainerMixin: the shims this transformers release needs (none from 5.3 on)."""
+    """Base of GaudiTrainerMixin: the shims this transformers release needs (none on the newest)."""
 
 
 @functools.cache

@@ -42,6 +42,7 @@ from ..devices.base import Fp8Plan
 from ..distributed import full_weights
 from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from ..distributed.fsdp import check_fsdp_arguments, shard_where_accelerate_would_not
+from ..distributed.sequence_parallel import SequenceParallel
 from ..features import attention, kernels
 from ..features import linear_cross_entropy as fused_loss
 from ..features.adalora import AdaLoraBudget, adalora_configs
@@ -200,6 +201,7 @@ class GaudiTrainerMixin(TrainerShims):
         if args.fp8:
             recipe = parse_fp8_recipe(args.fp8_recipe) if args.fp8_recipe is not None else None
             self._fp8 = self.gaudi_device.fp8_plan(args.minimize_memory, self._compile is not None, recipe)
+        self._sequence_parallel: SequenceParallel | None = None  # --context_parallel_size > 1, once distributed
 
         super().__init__(*trainer_args, **trainer_kwargs)
 
@@ -271,6 +273,19 @@ class GaudiTrainerMixin(TrainerShims):
         if shard_where_accelerate_would_not(self.accelerator, self.args):  # --fsdp on CPU processes: FSDP, not DDP
             self.is_fsdp_enabled = True
             check_fsdp_arguments(self.accelerator, self.args)
+        torch_cp = getattr(self.args, "parallelism_config", None) is not None  # CUDA under FSDP: torch's own path
+        if self.args.context_parallel_size > 1 and not torch_cp:
+            self._sequence_parallel = SequenceParallel(self.args.context_parallel_size)
+
+    def get_cp_size(self) -> int:
+        """The ranks that share a batch (transformers divides the data-parallel world and the token count by it)."""
+        return self._sequence_parallel.size if self._sequence_parallel is not None else super().get_cp_size()
+
+    def get_train_dataloader(self) -> Any:
+        dataloader = super().get_train_dataloader()
+        if self._sequence_parallel is not None:
+            self._sequence_parallel.share_batches(dataloader)
+        return dataloader
 
     def _build_accelerator_args(self, **kwargs) -> dict[str, Any]:
         accelerator_args = super()._build_accelerator_args(**kwargs)
@@ -353,6 +368,8 @@ class GaudiTrainerMixin(TrainerShims):
             base = getattr(model, "get_base_model", lambda: model)()  # a PEFT model's transformers model
             if getattr(base.config, "_attn_implementation", None) != args.attn_implementation:
                 base.set_attn_implementation(args.attn_implementation)
+        if self._sequence_parallel is not None:
+            self._sequence_parallel.use(model)
         kernels.use_device_kernels(
             model,
             rms_norm=device.rms_norm_kernel() if self.gaudi_config.use_fused_rms_norm else None,
@@ -462,6 +479,8 @@ class GaudiTrainerMixin(TrainerShims):
                     stack.enter_context(self._static_rows.padding(model, unwrapped, rows, size))
             if self._compile is not None:
                 stack.enter_context(self._compiled_step(inputs))
+            if self._sequence_parallel is not None:  # forward and backward (recomputation included) on a slice
+                inputs = stack.enter_context(self._sequence_parallel.splitting(inputs))
             loss = super().training_step(model, inputs, num_items_in_batch)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # after backward
@@ -692,13 +711,14 @@ class GaudiTrainerMixin(TrainerShims):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         world = self.args.world_size
+        data_world = world // self.get_cp_size()  # the ranks splitting a sequence train (and count) one batch
         eval_prefixes = [k.removesuffix("_runtime") for k in logs if k.endswith("_runtime") and k != "train_runtime"]
         if "train_runtime" in logs:
-            self._throughput.rewrite(logs, self.state.global_step, world)
+            self._throughput.rewrite(logs, self.state.global_step, data_world)
         elif eval_prefixes:
             self._throughput.rewrite_eval(logs, eval_prefixes[0], world)
         elif "loss" in logs:
-            logs.update(self._throughput.interval(self.state.global_step, world))
+            logs.update(self._throughput.interval(self.state.global_step, data_world))
             if self.is_world_process_zero():
                 logs.update(self.gaudi_device.memory_stats())
             self._run_totals_snapshot(self.control, logged=True)

@@ -21,6 +21,7 @@ from ..configuration.gaudi_config import GaudiConfig
 from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
 from ..devices import CPUDevice, Device, detect_device
 from ..devices.hpu import bridge_installed, prepare_bridge
+from ..distributed import sequence_parallel
 from ..errors import UserError
 from ..features import attention
 from ..features.compilation import apply_dynamo_options, check_compile_flags, compile_choice_problem
@@ -180,7 +181,10 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
     )
     context_parallel_size: int = field(
         default=1,
-        metadata={"help": "Ranks per context-parallel group (sequence split across ranks); only 1 is supported."},
+        metadata={
+            "help": "Processes each sequence is split over (Ulysses sequence parallelism: attention heads spread by "
+            "all-to-all); they train the same batches, so the data-parallel world is world_size / N."
+        },
     )
     adjust_throughput: bool = field(
         default=False,
@@ -262,6 +266,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched on several processes
             self.ddp_backend = self.ddp_backend or self.gaudi_device.ddp_backend
             self.gaudi_device.register_ddp_backend()
+        if self.context_parallel_size > 1 and self.fsdp and self.gaudi_device.torch_context_parallel:
+            self._use_torch_context_parallel()
         if self.torch_compile and self.torch_compile_backend is None:
             self.torch_compile_backend = self.gaudi_device.compile_backend
         elif self.torch_compile_backend == "hpu_backend" != self.gaudi_device.compile_backend:
@@ -375,13 +381,9 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
     def _check_optimum_habana_flags(self) -> None:
         """optimum-habana's fields that cannot act here: an error when the run could not be what was asked, one
         line when it can (never a flag silently dropped)."""
-        if not isinstance(self.context_parallel_size, int) or self.context_parallel_size < 1:
-            raise GaudiArgumentError(f"--context_parallel_size must be >= 1, got {self.context_parallel_size!r}.")
-        if self.context_parallel_size > 1:
-            raise GaudiArgumentError(
-                f"--context_parallel_size {self.context_parallel_size}: context parallelism (each sequence split "
-                "across ranks) is not supported by this release; drop it (1, the default) to train data-parallel."
-            )
+        problem = sequence_parallel.argument_problem(self, int(os.environ.get("WORLD_SIZE", "1")))
+        if problem is not None:
+            raise GaudiArgumentError(problem)
         if self.use_compiled_autograd and not self.torch_compile:
             raise GaudiArgumentError(
                 "--use_compiled_autograd compiles the backward of a compiled model; add --torch_compile or drop it."
@@ -409,6 +411,15 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
                 "--async_save writes FSDP's sharded checkpoints in the background: add --fsdp, with the fsdp_config "
                 'state_dict_type "SHARDED_STATE_DICT" (the default), or drop --async_save.'
             )
+
+    def _use_torch_context_parallel(self) -> None:
+        """Under FSDP2 on a device whose SDPA kernels torch's context parallelism shards (CUDA): transformers' and
+        accelerate's own path (ring attention, ``parallelism_config.cp_size``) instead of the all-to-all."""
+        from accelerate import ParallelismConfig
+
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        size = self.context_parallel_size
+        self.parallelism_config = ParallelismConfig(dp_shard_size=world // size, cp_size=size)
 
     def _check_deepspeed_config(self) -> None:
         """transformers reports a DeepSpeed config value that disagrees with the arguments (e.g. "bf16": {"enabled":

@@ -149,6 +149,16 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
 
     all_gather_single = _allgather_base  # torch 2.13's name for all_gather_into_tensor
 
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        """``ProcessGroupHcclBase::alltoall_base`` (``process_group_hccl_base.cpp``): one tensor in, one out."""
+        opts = opts or dist.AllToAllOptions()
+        return self._run(
+            "alltoall_base",
+            [input],
+            lambda i, o: self._gloo.alltoall_base(o[0], i[0], output_split_sizes, input_split_sizes, opts),
+            [output],
+        )
+
     def barrier(self, opts=None):
         _hf.record("distributed.hccl.barrier")
         return self._gloo.barrier(opts or dist.BarrierOptions())

@@ -1,0 +1,265 @@
+"""``--context_parallel_size N``: each sequence split over N processes, attention whole (Ulysses sequence parallelism).
+
+torch's context parallelism shards its own SDPA kernels only (it has no rule for the CPU's, nor for Gaudi's
+FusedSDPA), so here the split sits around transformers' attention registry instead. The N ranks of a group train
+the same batch, each on its contiguous 1/N of every sequence; everything but attention is per token and runs on the
+slice. Before each attention layer an all-to-all turns the query/key/value slices [batch, heads, seq/N, dim] into
+[batch, heads/N, seq, dim]: every rank attends over the whole sequence for 1/N of the heads with the model's own
+kernel (``sdpa``, ``eager`` or ``gaudi_fused_sdpa``, FusedSDPA on a Gaudi), and the inverse all-to-all brings
+the output back to the sequence slices. The backward of an all-to-all is the same all-to-all, so gradients reach
+each rank's slice; summed over the group by the data-parallel averaging (DDP, FSDP, fast_ddp), with the token
+count transformers divides by ``Trainer.get_cp_size()``, they are the whole batch's.
+
+The data-parallel world is world/N: the sampler gives the ranks of a group the same batches. Labels are shifted
+over the whole sequence before the split (transformers' ``shift_labels``), positions are global (RoPE), the
+attention mask is built once over the whole sequence from the full padding mask and positions, as the model
+would build it, and ``num_items_in_batch`` is counted on the full batch. A length that N does not divide is padded at
+the end with tokens nothing attends to (causal) and no label. Evaluation is not split: each rank evaluates its
+own batches whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import UserError
+
+ATTENTION_NAME = "gaudi_sequence_parallel"
+# The kernels that take a whole sequence's heads and a transformers mask (or None for causal).
+LOCAL_KERNELS = ("sdpa", "eager", "gaudi_fused_sdpa")
+IGNORE_INDEX = -100
+
+_base = "sdpa"  # the local kernel behind ATTENTION_NAME (process-wide, as transformers' registry)
+_split: _Split | None = None  # the training step being split, while it runs
+
+
+def argument_problem(args: Any, world_size: int) -> str | None:
+    """Why ``--context_parallel_size`` cannot run with these arguments, in one line; None when it can."""
+    size = args.context_parallel_size
+    if not isinstance(size, int) or size < 1:
+        return f"--context_parallel_size must be >= 1, got {size!r}."
+    if size == 1:
+        return None
+    flag = f"--context_parallel_size {size}"
+    if world_size % size:
+        return (
+            f"{flag} splits each sequence over {size} processes and this run has {world_size}: launch a multiple of "
+            f"{size} (optimum-gaudi launch --world_size {size} ...)."
+        )
+    from transformers import Trainer, __version__
+
+    if not hasattr(Trainer, "get_cp_size"):  # where the trainer scales the loss and batch size by the split
+        return f"{flag} needs a transformers release whose Trainer has get_cp_size (5.x); this is {__version__}."
+    config = getattr(args, "parallelism_config", None)
+    if config is not None and (config.cp_size, config.sp_size) != (size, 1):
+        return f"{flag} and transformers' parallelism_config split the sequences differently; give one of them."
+    if args.attn_implementation is not None and args.attn_implementation not in LOCAL_KERNELS:
+        return f"{flag} runs attention with sdpa, eager or gaudi_fused_sdpa, not {args.attn_implementation}."
+    for given, name in ((args.torch_compile, "--torch_compile"), (args.use_hpu_graphs_for_training, "--use_hpu_graphs_for_training")):  # fmt: skip
+        if given:
+            return f"{flag} cannot be combined with {name} yet (its all-to-all runs eagerly); drop one of them."
+    return None
+
+
+def _all_to_all(chunks: torch.Tensor, group: Any) -> torch.Tensor:
+    chunks = chunks.contiguous()  # before empty_like, which would keep a permuted layout the collective ignores
+    received = torch.empty_like(chunks)
+    dist.all_to_all_single(received, chunks, group=group)
+    return received
+
+
+def model_problem(config: Any, size: int) -> str | None:
+    """Why this model cannot split its sequences over ``size`` ranks, in one line; None when it can."""
+    flag = f"--context_parallel_size {size}"
+    kernel = getattr(config, "_attn_implementation", None) or "eager"
+    if kernel not in (*LOCAL_KERNELS, ATTENTION_NAME):
+        return f"{flag} runs attention with sdpa, eager or gaudi_fused_sdpa; the model uses {kernel}."
+    sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
+    if sliding or (getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)):
+        return f"{flag} builds a causal mask over the whole sequence; this model attends through a sliding window."
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if not isinstance(heads, int) or heads % size or kv_heads % size:
+        return (
+            f"{flag} gives each process 1/{size} of the attention heads: the model has {heads} query and {kv_heads} "
+            "key/value heads; choose a size that divides both."
+        )
+    return None
+
+
+class _AllToAll(torch.autograd.Function):
+    """All-to-all over dim 0 (one chunk per rank of ``group``); its own inverse, hence its own backward."""
+
+    @staticmethod
+    def forward(ctx: Any, chunks: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return _all_to_all(chunks, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _all_to_all(grad, ctx.group), None
+
+
+def _seq_to_heads(x: torch.Tensor, size: int, group: Any) -> torch.Tensor:
+    """[batch, heads, seq/N, dim] slices -> [batch, heads/N, seq, dim]: this rank's heads over the whole sequence."""
+    b, h, t, d = x.shape
+    chunks = x.reshape(b, size, h // size, t, d).permute(1, 0, 2, 3, 4)  # [rank to send to, b, h/N, t, d]
+    received = _AllToAll.apply(chunks, group)  # [rank it came from = sequence slice, b, h/N, t, d]
+    return received.permute(1, 2, 0, 3, 4).reshape(b, h // size, size * t, d)
+
+
+def _heads_to_seq(x: torch.Tensor, size: int, group: Any) -> torch.Tensor:
+    """[batch, seq, heads/N, dim] attention output -> [batch, seq/N, heads, dim]: all heads of this rank's slice."""
+    b, s, h, d = x.shape
+    chunks = x.reshape(b, size, s // size, h, d).permute(1, 0, 2, 3, 4)  # [sequence slice, b, t, h/N, d]
+    received = _AllToAll.apply(chunks, group)  # [head group it came from, b, t, h/N, d]
+    return received.permute(1, 2, 0, 3, 4).reshape(b, s // size, size * h, d)
+
+
+@dataclass
+class _Split:
+    """One training step's whole-sequence facts, read by every attention layer of its forward (and recompute)."""
+
+    group: Any
+    size: int
+    padding_mask: torch.Tensor | None  # [batch, seq] as given, or None
+    position_ids: torch.Tensor  # [batch, seq], global
+    masks: dict[torch.dtype, Any] = field(default_factory=dict)
+
+    def mask(self, config: Any, like: torch.Tensor) -> Any:
+        """The mask the model would build for the whole sequence (None: plain causal), once per dtype."""
+        if like.dtype not in self.masks:
+            from transformers.masking_utils import create_causal_mask
+
+            batch, seq = self.position_ids.shape
+            self.masks[like.dtype] = create_causal_mask(
+                config=config,
+                inputs_embeds=like.new_empty(batch, seq, 0),
+                attention_mask=self.padding_mask,
+                cache=None,
+                position_ids=self.position_ids,
+            )
+        return self.masks[like.dtype]
+
+
+def _local_kernel(module: nn.Module) -> Callable[..., tuple[torch.Tensor, Any]]:
+    """The kernel the model would run: a registered one, or ``eager`` from the layer's own modeling file."""
+    if _base == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS[_base]
+
+
+def sequence_parallel_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Any,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, Any]:
+    """transformers' attention signature; inside a split training step, the local kernel over the whole sequence
+    for this rank's heads, between two all-to-alls. Outside one (evaluation), the local kernel as it is."""
+    kernel = _local_kernel(module)
+    if _split is None:
+        return kernel(module, query, key, value, attention_mask, **kwargs)
+    size, group = _split.size, _split.group
+    query, key, value = (_seq_to_heads(x, size, group) for x in (query, key, value))
+    mask = _split.mask(module.config, query)
+    output, _ = kernel(module, query, key, value, mask, **kwargs)
+    return _heads_to_seq(output, size, group), None
+
+
+def _mask_function(*args: Any, **kwargs: Any) -> Any:
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    return ALL_MASK_ATTENTION_FUNCTIONS[_base](*args, **kwargs)
+
+
+class SequenceParallel:
+    """The process groups of one run and the hooks the trainer calls: the model, the sampler, each step."""
+
+    def __init__(self, size: int) -> None:
+        world, rank = dist.get_world_size(), dist.get_rank()
+        self.size, self.groups, self.group_index = size, world // size, rank // size
+        self.group = None
+        for index in range(self.groups):  # every rank makes every group, in the same order
+            group = dist.new_group(list(range(index * size, (index + 1) * size)))
+            if index == self.group_index:
+                self.group = group
+
+    def use(self, model: nn.Module) -> None:
+        """Put the sequence-parallel attention around the model's own kernel (idempotent)."""
+        global _base
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+
+        base = getattr(model, "get_base_model", lambda: model)()  # a PEFT model's transformers model
+        config = base.config
+        current = getattr(config, "_attn_implementation", None) or "eager"
+        if current == ATTENTION_NAME:
+            return
+        problem = model_problem(config, self.size)
+        if problem is not None:
+            raise UserError(problem)
+        _base = current
+        AttentionInterface.register(ATTENTION_NAME, sequence_parallel_attention)
+        AttentionMaskInterface.register(ATTENTION_NAME, _mask_function)
+        base.set_attn_implementation(ATTENTION_NAME)
+
+    def share_batches(self, dataloader: Any) -> Any:
+        """The ranks of a group read the same batches: accelerate's sharding over world/N data-parallel ranks."""
+        from accelerate.data_loader import BatchSamplerShard, IterableDatasetShard
+
+        for shard in (getattr(dataloader, "batch_sampler", None), getattr(dataloader, "dataset", None)):
+            if isinstance(shard, (BatchSamplerShard, IterableDatasetShard)):
+                shard.num_processes, shard.process_index = self.groups, self.group_index
+                return dataloader
+        raise UserError(  # accelerate dispatches an iterable dataset's batches from rank 0 by default
+            f"--context_parallel_size {self.size} needs each rank to read its own batches; with an iterable dataset "
+            """give --accelerator_config '{"dispatch_batches": false}'."""
+        )
+
+    @contextlib.contextmanager
+    def splitting(self, inputs: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """This rank's slice of a batch, and the whole-sequence facts for the attention layers while it trains."""
+        global _split
+        ids = inputs["input_ids"]
+        batch, seq = ids.shape
+        pad = -seq % self.size
+        local = dict(inputs)
+        padding_mask = local.pop("attention_mask", None)
+        positions = local.get("position_ids")
+        if positions is None:
+            positions = torch.arange(seq, device=ids.device).expand(batch, seq)
+        if "labels" in local and "shift_labels" not in local:  # shifted over the whole sequence, then split
+            local["shift_labels"] = nn.functional.pad(local["labels"][:, 1:], (0, 1), value=IGNORE_INDEX)
+        if pad:  # at the end: causal attention never reads them, and they have no label
+            local["input_ids"] = nn.functional.pad(ids, (0, pad))
+            for name in ("labels", "shift_labels"):
+                if name in local:
+                    local[name] = nn.functional.pad(local[name], (0, pad), value=IGNORE_INDEX)
+            tail = positions[:, -1:] + torch.arange(1, pad + 1, device=positions.device)
+            positions = torch.cat([positions, tail], dim=1)
+            if padding_mask is not None:
+                padding_mask = nn.functional.pad(padding_mask, (0, pad), value=1)
+        local["position_ids"] = positions
+        rank = dist.get_rank(self.group)
+        width = (seq + pad) // self.size
+        for name in ("input_ids", "labels", "shift_labels", "position_ids"):
+            if name in local:
+                local[name] = local[name][:, rank * width : (rank + 1) * width].contiguous()
+        _split = _Split(self.group, self.size, padding_mask, positions)
+        try:
+            yield local
+        finally:
+            _split = None

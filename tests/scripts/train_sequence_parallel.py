@@ -1,0 +1,44 @@
+"""Train the tiny Llama with its sequences split over the ranks, several runs in one launch; rank 0 writes each
+run's losses and trained parameters to a JSON file.
+
+`train_sequence_parallel.py OUT.json RUNS.json`: RUNS.json maps a run's name to {"attn": ..., "padding_side": ...,
+"args": {GaudiTrainingArguments keywords}}.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for tiny.py
+
+import tiny  # noqa: E402
+import torch  # noqa: E402
+
+from optimum_gaudi import GaudiTrainingArguments  # noqa: E402
+
+
+def main() -> None:
+    out, runs = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())
+    torch.set_num_threads(1)
+    results = {}
+    for name, run in runs.items():
+        args = GaudiTrainingArguments(**run["args"])
+        results[name] = tiny.trained_llama(args, run["attn"], run["padding_side"])
+        results[name]["world_size"] = args.world_size
+        if "habana_frameworks" in sys.modules:  # the simulated Gaudi: what its kernels and collectives saw
+            import habana_frameworks
+
+            results[name]["fused_sdpa_heads"] = [c.kwargs["q_heads"] for c in habana_frameworks.calls_named("hpex.kernels.FusedSDPA")]  # fmt: skip
+            results[name]["hccl"] = sorted({n for n in habana_frameworks.names() if n.startswith("distributed.hccl.")})
+            habana_frameworks.reset()
+    if torch.distributed.get_rank() == 0:
+        Path(out).write_text(json.dumps(results))
+    torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # FSDP / gloo ranks sometimes hang at interpreter exit (tests/scripts/train_tiny.py)
+
+
+if __name__ == "__main__":
+    main()
