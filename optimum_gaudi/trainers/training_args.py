@@ -21,6 +21,7 @@ from ..configuration.gaudi_config import GaudiConfig
 from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
 from ..devices import CPUDevice, Device, detect_device
 from ..devices.hpu import bridge_installed, prepare_bridge
+from ..distributed.fsdp import fsdp2_config, read_fsdp_config
 from ..errors import UserError
 from ..features import attention
 from ..features.compilation import apply_dynamo_options, check_compile_flags, compile_choice_problem
@@ -264,6 +265,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
                 self.gaudi_device.compile_backend,
             )
             self.torch_compile_backend = self.gaudi_device.compile_backend
+        if self.fsdp:  # optimum-habana's fsdp_config.json (FSDP1's keys) as FSDP2 settings transformers reads
+            self.fsdp_config = fsdp2_config(read_fsdp_config(self.fsdp_config))
         super().__post_init__()
         self._check_deepspeed_config()
         if self.non_blocking_data_copy:
@@ -314,6 +317,16 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             engine = "--deepspeed" if self.deepspeed else "--fsdp"
             fail(
                 f"--distribution_strategy fast_ddp replaces DDP and cannot be combined with {engine}; use the default 'ddp' strategy with {engine}."
+            )
+        if self.fsdp and (self.use_hpu_graphs_for_training or self.use_hpu_graphs_for_inference):
+            graphs = (
+                "--use_hpu_graphs_for_training"
+                if self.use_hpu_graphs_for_training
+                else "--use_hpu_graphs_for_inference"
+            )
+            fail(
+                f"{graphs} cannot be combined with --fsdp: FSDP gathers each layer's parameters into fresh memory at "
+                "every forward, which a replayed graph would not see; drop one (with FSDP, --torch_compile instead)."
             )
         if self.deepspeed and importlib.util.find_spec("deepspeed") is None:
             fail("--deepspeed needs DeepSpeed: pip install deepspeed (on a Gaudi, Habana's DeepSpeed fork).")
