@@ -1,7 +1,7 @@
 """`make bench`: run the benchmarks in one process, print the tables, write docs/benchmarks.md.
 
 Each section is one side-by-side run. `BENCH_SECTIONS=compile make bench` reruns only the named sections
-(comma-separated: speed, compile, llama, fused_loss, distributed, allreduce, gpu) and replaces just those in docs/benchmarks.md,
+(comma-separated: speed, compile, llama, fused_loss, distributed, fsdp, allreduce, gpu) and replaces just those in docs/benchmarks.md,
 each section saying when and under what load it was measured.
 """
 
@@ -23,6 +23,7 @@ from benchmarks import (  # noqa: E402
     allreduce_model,
     compile_speed,
     distributed,
+    fsdp_memory,
     fused_loss,
     gpu,
     llama_speed,
@@ -132,6 +133,16 @@ def distributed_section(quick: bool) -> str:
     return f"## Distributed: fast_ddp and DDP on 2 CPU processes\n\n{t.table()}\n\n{text}"
 
 
+def fsdp_section(quick: bool) -> str:
+    text, m = fsdp_memory.run(steps=2, warmup=1) if quick else fsdp_memory.run()
+    t = Targets()
+    for procs, goal in ((2, 0.6), (4, 0.35)):
+        fsdp, ddp = m[f"fsdp_{procs}procs"], m[f"ddp_{procs}procs"]
+        t.check(f"FSDP / DDP on {procs} processes, peak RSS per rank above baseline", fsdp["above_baseline"] / ddp["above_baseline"], goal, at_most=True)  # fmt: skip
+        t.check(f"FSDP / DDP on {procs} processes, peak RSS per rank", fsdp["peak"] / ddp["peak"], goal, at_most=True)
+    return f"## FSDP against DDP: memory per rank on 2 and 4 CPU processes\n\n{t.table()}\n\n{text}"
+
+
 def allreduce_section(quick: bool) -> str:
     return f"## All-reduce at scale: an alpha-beta estimate\n\n{allreduce_model.run()}"
 
@@ -173,10 +184,11 @@ SECTIONS = {
     "llama": llama_section,
     "fused_loss": fused_loss_section,
     "distributed": distributed_section,
+    "fsdp": fsdp_section,
     "allreduce": allreduce_section,
     "gpu": gpu_section,
 }
-DEFAULT_SECTIONS = ("speed", "compile", "llama", "distributed", "allreduce")  # gpu: only where one is lent
+DEFAULT_SECTIONS = ("speed", "compile", "llama", "distributed", "fsdp", "allreduce")  # gpu: only where one is lent
 
 
 def _sections_of(text: str) -> dict[str, str]:
