@@ -55,7 +55,7 @@ def read_fsdp_config(config: dict[str, Any] | str | os.PathLike | None) -> dict[
     return loaded
 
 
-def fsdp2_config(config: dict[str, Any]) -> dict[str, Any]:
+def fsdp2_config(config: dict[str, Any], default_version: int = 2) -> dict[str, Any]:
     """The settings transformers reads for FSDP2, from a file written for FSDP1 (optimum-habana's
     ``fsdp_config.json``, accelerate's ``fsdp_*`` keys) as well as from one written for FSDP2.
 
@@ -63,10 +63,11 @@ def fsdp2_config(config: dict[str, Any]) -> dict[str, Any]:
     under FSDP2: a strategy of 2 (SHARD_GRAD_OP) would silently shard like 1, offloading would silently not
     happen. They become ``reshard_after_forward`` and ``cpu_offload``; a strategy FSDP2 has no equivalent of is
     one line. FSDP1's prefetch, ``use_orig_params`` and ``sync_module_states`` settings are what FSDP2 does
-    anyway; they are left for transformers to ignore. A file asking for FSDP1 (``version: 1``) is left alone.
+    anyway; they are left for transformers to ignore. A run of FSDP1 (``version: 1``, or ``default_version``, the
+    one transformers picks, where the file names none) is left alone.
     """
     config = {key.removeprefix("fsdp_"): value for key, value in config.items()}
-    if int(config.get("version", 2)) != 2:
+    if int(config.get("version", default_version)) != 2:
         return config
     strategy = config.pop("sharding_strategy", None)
     if strategy is not None:
@@ -113,8 +114,8 @@ def gather_in_bf16(plugin: Any) -> None:
     """FSDP2's mixed precision under the trainer's op-list autocast: parameters all-gathered in bf16 (half the
     bytes gathered and held unsharded), gradients reduced in float32 as DDP reduces them. The autocast still
     decides each op's precision (an op on neither list runs in bf16 on the gathered weights, where DDP would
-    run it in float32: the losses differ within bf16's rounding); accelerate, whose own bf16 policy the autocast replaces, sets none. A policy the
-    user's fsdp_config gives is kept."""
+    run it in float32: the losses differ within bf16's rounding). accelerate sets no policy, as the autocast
+    replaces its own bf16; a policy the user's fsdp_config gives is kept."""
     if plugin.fsdp_version != 2 or plugin.mixed_precision_policy is not None:
         return
     from torch.distributed.fsdp import MixedPrecisionPolicy

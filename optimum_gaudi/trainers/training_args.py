@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass, field, fields
 
 import torch
+import transformers
 from transformers import TrainingArguments
 
 from ..configuration.fp8_recipe import parse_fp8_recipe
@@ -34,6 +35,10 @@ DISTRIBUTION_STRATEGIES = ("ddp", "fast_ddp")
 HALF_PRECISION_BACKENDS = ("auto", "hpu_amp", "cpu_amp")
 FAST_DDP_DTYPES = ("auto", "float32", "bfloat16")
 DEFAULT_MAX_HPU_GRAPHS = 10  # ModuleCacher's default in the bridge (hpu/graphs.py)
+
+
+# The FSDP version transformers runs when --fsdp_config names none: FSDP2 from transformers 5, FSDP1 before.
+_FSDP_DEFAULT_VERSION = 2 if int(transformers.__version__.split(".")[0]) >= 5 else 1
 
 
 class GaudiArgumentError(UserError, ValueError):
@@ -266,7 +271,7 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             )
             self.torch_compile_backend = self.gaudi_device.compile_backend
         if self.fsdp:  # optimum-habana's fsdp_config.json (FSDP1's keys) as FSDP2 settings transformers reads
-            self.fsdp_config = fsdp2_config(read_fsdp_config(self.fsdp_config))
+            self.fsdp_config = fsdp2_config(read_fsdp_config(self.fsdp_config), _FSDP_DEFAULT_VERSION)
         super().__post_init__()
         self._check_deepspeed_config()
         if self.non_blocking_data_copy:
