@@ -7,6 +7,8 @@ there). A shrunk run keeps every flag but these: the Hub model becomes a tiny lo
 datasets (--dataset_name, --dataset_config_name, --task_name) give way to the examples' embedded data,
 --deepspeed is dropped (DeepSpeed is not installed in the test environment; with it installed it is tested by
 tests/test_deepspeed.py), sizes shrink (steps, batches, lengths, warm-up) and --output_dir is a temporary one.
+A command with --fsdp runs on two processes through `optimum-gaudi launch`, with optimum-habana's
+fsdp_config.json (its settings are in tests/data).
 The environment variables in front of a command (PT_HPU_LAZY_MODE=1, ...) are set for its run; without a Gaudi
 they change nothing.
 """
