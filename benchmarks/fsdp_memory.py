@@ -23,8 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GLOBAL_BATCH, SEQUENCE = 4, 64
-# Llama widths with a 32k vocabulary: 91.6M parameters, 1.47 GB of float32 weights, gradients and AdamW moments
-WIDTHS = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=6, num_attention_heads=12,
+# Llama widths whose decoder layers hold most of the parameters (a small vocabulary: FSDP's largest unit, gathered
+# whole with its gradient, is one layer), 107M parameters: 1.6 GB of float32 weights, gradients and AdamW moments
+WIDTHS = dict(vocab_size=8192, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
               num_key_value_heads=4, max_position_embeddings=SEQUENCE, tie_word_embeddings=False)  # fmt: skip
 SETUPS = {"ddp_2procs": (2, "ddp"), "fsdp_2procs": (2, "fsdp"), "ddp_4procs": (4, "ddp"), "fsdp_4procs": (4, "fsdp")}
 GB = 1024**3
