@@ -144,17 +144,21 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
         opts = opts or dist.BroadcastOptions()
         return self._run("broadcast", list(tensors), lambda i, o: self._gloo.broadcast(i, opts))
 
-    def allgather(self, output_lists, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+    def _into_lists(self, name, output_lists, inputs, call):
+        """A collective whose outputs are lists of tensors (all-gather, gather), on host copies."""
         flat = [t for group in output_lists for t in group]
-        self._enter("allgather", list(inputs) + flat)
+        self._enter(name, list(inputs) + flat)
         host_out = [[t.cpu() for t in group] for group in output_lists]
-        self._gloo.allgather(host_out, [t.cpu() for t in inputs], opts).wait()
+        call(host_out, [t.cpu() for t in inputs]).wait()
         with torch.no_grad():
             for group, values in zip(output_lists, host_out, strict=True):
                 for target, value in zip(group, values, strict=True):
                     target.copy_(value)
         return _DoneWork(output_lists)
+
+    def allgather(self, output_lists, inputs, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        return self._into_lists("allgather", output_lists, inputs, lambda o, i: self._gloo.allgather(o, i, opts))
 
     def _allgather_base(self, output, input, opts=None):
         opts = opts or dist.AllgatherOptions()
@@ -176,15 +180,7 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
     def gather(self, output_lists, inputs, opts=None):
         """As ``process_group_hccl_base.hpp``: the root receives a list (torch.distributed.checkpoint's plans)."""
         opts = opts or dist.GatherOptions()
-        flat = [t for group in output_lists for t in group]
-        self._enter("gather", list(inputs) + flat)
-        host_out = [[t.cpu() for t in group] for group in output_lists]
-        self._gloo.gather(host_out, [t.cpu() for t in inputs], opts).wait()
-        with torch.no_grad():
-            for group, values in zip(output_lists, host_out, strict=True):
-                for target, value in zip(group, values, strict=True):
-                    target.copy_(value)
-        return _DoneWork(output_lists)
+        return self._into_lists("gather", output_lists, inputs, lambda o, i: self._gloo.gather(o, i, opts))
 
     def scatter(self, outputs, input_lists, opts=None):
         """As ``process_group_hccl_base.hpp``: the root sends each rank its part."""
