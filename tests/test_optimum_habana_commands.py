@@ -224,7 +224,6 @@ READ_AS = {
 REFUSED = {"context_parallel_size": r"^--context_parallel_size 4: context parallelism .* is not supported"}
 # FSDP: the README's fsdp_config.json is optimum-habana's file, whose settings tests/data holds; a shrunk FSDP
 # command runs on two processes through the launcher (a single process has nothing to shard).
-FSDP = ("fsdp", "fsdp_config")
 HABANA_FSDP_CONFIG = TESTS / "data" / "optimum_habana_fsdp_config.json"
 FSDP_COMMANDS = sorted(i for i, c in COMMANDS.items() if "--fsdp" in c.args)
 
