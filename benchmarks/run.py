@@ -1,7 +1,8 @@
 """`make bench`: run the benchmarks in one process, print the tables, write docs/benchmarks.md.
 
 Each section is one side-by-side run. `BENCH_SECTIONS=compile make bench` reruns only the named sections
-(comma-separated: speed, compile, llama, fused_loss, distributed, allreduce, context_parallel, gpu, sharded_save) and replaces just those in docs/benchmarks.md,
+(comma-separated: speed, compile, llama, fused_loss, distributed, fsdp, allreduce, context_parallel, gpu,
+sharded_save) and replaces just those in docs/benchmarks.md,
 each section saying when and under what load it was measured.
 """
 
@@ -24,6 +25,7 @@ from benchmarks import (  # noqa: E402
     compile_speed,
     context_parallel,
     distributed,
+    fsdp_memory,
     fused_loss,
     gpu,
     llama_speed,
@@ -149,6 +151,16 @@ def sharded_save_section(quick: bool) -> str:
     return f"## Saving an FSDP2 model: sharded checkpoints, streamed final weights\n\n{t.table()}\n\n{text}"
 
 
+def fsdp_section(quick: bool) -> str:
+    text, m = fsdp_memory.run(steps=2, warmup=1) if quick else fsdp_memory.run()
+    t = Targets()
+    for procs, goal in ((2, 0.6), (4, 0.35)):
+        fsdp, ddp = m[f"fsdp_{procs}procs"], m[f"ddp_{procs}procs"]
+        t.check(f"FSDP / DDP on {procs} processes, peak RSS per rank above baseline", fsdp["above_baseline"] / ddp["above_baseline"], goal, at_most=True)  # fmt: skip
+        t.check(f"FSDP / DDP on {procs} processes, peak RSS per rank", fsdp["peak"] / ddp["peak"], goal, at_most=True)
+    return f"## FSDP against DDP: memory per rank on 2 and 4 CPU processes\n\n{t.table()}\n\n{text}"
+
+
 def allreduce_section(quick: bool) -> str:
     return f"## All-reduce at scale: an alpha-beta estimate\n\n{allreduce_model.run()}"
 
@@ -197,6 +209,7 @@ SECTIONS = {
     "llama": llama_section,
     "fused_loss": fused_loss_section,
     "distributed": distributed_section,
+    "fsdp": fsdp_section,
     "allreduce": allreduce_section,
     "context_parallel": context_parallel_section,
     "gpu": gpu_section,
@@ -207,6 +220,7 @@ DEFAULT_SECTIONS = (
     "compile",
     "llama",
     "distributed",
+    "fsdp",
     "allreduce",
     "context_parallel",
 )  # gpu: only where one is lent

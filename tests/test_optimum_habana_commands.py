@@ -7,6 +7,8 @@ there). A shrunk run keeps every flag but these: the Hub model becomes a tiny lo
 datasets (--dataset_name, --dataset_config_name, --task_name) give way to the examples' embedded data,
 --deepspeed is dropped (DeepSpeed is not installed in the test environment; with it installed it is tested by
 tests/test_deepspeed.py), sizes shrink (steps, batches, lengths, warm-up) and --output_dir is a temporary one.
+A command with --fsdp runs on two processes through `optimum-gaudi launch`, with optimum-habana's
+fsdp_config.json (its settings are in tests/data).
 The environment variables in front of a command (PT_HPU_LAZY_MODE=1, ...) are set for its run; without a Gaudi
 they change nothing.
 """
@@ -18,6 +20,7 @@ import enum
 import importlib.util
 import json
 import math
+import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -224,8 +227,10 @@ REFUSED = {
 # A shrunk command that splits its sequences runs launched, on this many processes, each sequence split over all of
 # them (the tiny Llama's 2 key/value heads divide by 2, not by the README's 4).
 SPLIT_OVER = 2
-# FSDP with the README's fsdp_config.json (optimum-habana's file, not shipped here): left out of these checks.
-FSDP = ("fsdp", "fsdp_config")
+# FSDP: the README's fsdp_config.json is optimum-habana's file, whose settings tests/data holds; a shrunk FSDP
+# command runs on two processes through the launcher (a single process has nothing to shard).
+HABANA_FSDP_CONFIG = TESTS / "data" / "optimum_habana_fsdp_config.json"
+FSDP_COMMANDS = sorted(i for i, c in COMMANDS.items() if "--fsdp" in c.args)
 
 
 def write_placeholder_files(tmp_path: Path) -> dict[str, str]:
@@ -236,7 +241,9 @@ def write_placeholder_files(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "validation.txt").write_text("\n\n".join(texts[30:]))
     pairs = [{"text": t.split("\n\n", 1)[-1], "summary": t.split("\n", 1)[0]} for t in texts]
     (tmp_path / "pairs.json").write_text("".join(json.dumps(p) + "\n" for p in pairs))
-    return {word: str(tmp_path / name) for word, name in PLACEHOLDER_FILES.items()}
+    return {word: str(tmp_path / name) for word, name in PLACEHOLDER_FILES.items()} | {
+        "fsdp_config.json": str(HABANA_FSDP_CONFIG)
+    }
 
 
 def without(args: list[str], *names: str) -> list[str]:
@@ -296,6 +303,12 @@ def check_meanings(command: Command, argv: list[str], parsed: tuple) -> None:
             assert owner.torch_compile_backend == owner.gaudi_device.compile_backend  # the Gaudi's, or this device's
         elif name == "use_flash_attention":
             assert owner.use_flash_attention and parsed[1].attn_implementation == "gaudi_fused_sdpa"
+        elif name == "fsdp":  # transformers 5 keeps the options in fsdp_config and --fsdp as a switch
+            assert owner.fsdp is True and owner.fsdp_plugin_args["fsdp_version"] == 2
+        elif name == "fsdp_config":  # FSDP1's keys, read as the FSDP2 settings they mean
+            plugin = owner.fsdp_plugin_args
+            assert plugin["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP" and plugin["reshard_after_forward"] is True
+            assert plugin["transformer_cls_names_to_wrap"] == "GaudiLlamaDecoderLayer" and "cpu_offload" not in plugin
         elif name == "max_seq_length" and command.script == "sft.py":
             assert owner.max_seq_length == int(given[0])  # read as --max_length when the script runs
         else:
@@ -343,7 +356,6 @@ def test_every_argument_parses_with_optimum_habanas_meaning(command_id, tmp_path
             with pytest.raises(UserError, match=refusal):
                 parse_with_example(command.script, argv)
             argv = without(argv, flag)
-    argv = without(argv, *FSDP)
     parsed = parse_with_example(command.script, argv)
     check_meanings(command, argv, parsed)
 
@@ -462,7 +474,7 @@ SMALL_MODEL = {"config_overrides": "n_embd=32,n_head=2,n_layer=1,n_positions=64"
 
 def shrunk(command: Command, tmp_path: Path, models: dict[str, Path]) -> list[str]:
     files = write_placeholder_files(tmp_path)
-    argv = without([files.get(word, word) for word in command.args], *HUB_DATA, "deepspeed", *FSDP)
+    argv = without([files.get(word, word) for word in command.args], *HUB_DATA, "deepspeed")
     given = dict(options(argv))
     values = {
         flag: str(models[STAND_INS[given[flag][0]]]) for flag in MODEL_FLAGS if flag in given
@@ -494,7 +506,7 @@ def run_launched(command: Command, argv: list[str], processes: int) -> None:
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-@pytest.mark.parametrize("command_id", sorted(COMMANDS))
+@pytest.mark.parametrize("command_id", sorted(set(COMMANDS) - set(FSDP_COMMANDS)))
 def test_a_shrunk_copy_trains_on_cpu_to_the_end(command_id, tmp_path, tiny_models, monkeypatch):
     command = COMMANDS[command_id]
     needs(command)
@@ -541,6 +553,39 @@ def test_a_shrunk_copy_trains_on_cpu_to_the_end(command_id, tmp_path, tiny_model
     if given.get("add_pad_token") == ["True"] and trains:
         config = json.loads((out / "config.json").read_text())
         assert config["pad_token_id"] == config["eos_token_id"]  # Llama's eos pads, as in optimum-habana
+
+
+@pytest.mark.parametrize("command_id", FSDP_COMMANDS)
+def test_a_shrunk_fsdp_command_shards_on_two_cpu_processes_through_the_launcher(command_id, tmp_path, tiny_models):
+    """optimum-habana's FSDP command (LoRA, torch.compile, gradient checkpointing, accumulation, bf16 on op lists,
+    its fsdp_config.json) through ``optimum-gaudi launch --world_size 2``: gaudi_spawn.py's --use_mpi gives way to
+    the launcher's default (torchrun), as mpirun is not installed here."""
+    import os
+    import socket
+    import subprocess
+
+    command = COMMANDS[command_id]
+    needs(command)
+    argv = shrunk(command, tmp_path, tiny_models)
+    assert dict(options(argv))["fsdp_config"] == [str(HABANA_FSDP_CONFIG)]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {**os.environ, **command.env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env["OPTIMUM_GAUDI_CACHE"] = str(tiny_models["llama"].parent / "cache")
+    launch = [sys.executable, "-m", "optimum_gaudi", "launch", "--world_size", "2", "--master_port", port]
+    result = subprocess.run(
+        [*launch, str(SCRIPTS[command.script]), *argv], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    log = result.stdout + result.stderr
+    assert re.search(r"^fsdp\s+on\s+FSDP2 fully_shard over gloo", log, re.M)  # the feature table
+    out = tmp_path / "out"
+    assert math.isfinite(json.loads((out / "train_results.json").read_text())["train_loss"])
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
+    assert (out / "adapter_model.safetensors").is_file()
+    assert json.loads((out / "adapter_config.json").read_text())["r"] == 4
+    assert math.isfinite(json.loads((out / "eval_results.json").read_text())["eval_loss"])
 
 
 # ---- the arguments the examples took from optimum-habana's scripts for these commands --------------------------

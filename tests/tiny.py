@@ -1,4 +1,4 @@
-"""The tiny GPT-2, the tiny Llama and data the tests train, as plain functions.
+"""The tiny GPT-2 and Llama and the data the tests train, as plain functions.
 
 conftest.py's fixtures wrap them; scripts run under torchrun and forkserver children cannot use fixtures, so
 they import these (``sys.path`` holds tests/ under pytest; a script adds it itself).

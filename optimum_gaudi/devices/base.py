@@ -34,6 +34,7 @@ FEATURES = (
     "use_fused_rope",
     "use_fused_linear_cross_entropy",
     "fp8",
+    "fsdp",
     "context_parallel_size",
 )
 
@@ -67,6 +68,9 @@ class Device:
     ddp_defaults: ClassVar[dict[str, Any]] = {}
     # where fused_adamw()'s optimizer counts its steps: per param group, or per parameter as torch's AdamW
     fused_adamw_counts_steps_per_group: ClassVar[bool] = False
+    # Whether fused_adamw()'s optimizer steps FSDP2's sharded parameters (DTensors): torch's fused AdamW has DTensor
+    # rules; a device kernel without them is left out under FSDP.
+    fused_adamw_takes_dtensors: ClassVar[bool] = True
     behaviour: ClassVar[dict[str, str]]
 
     on_host: ClassVar[bool] = False  # the model trains in host memory (transformers' --use_cpu)

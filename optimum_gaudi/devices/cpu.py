@@ -104,6 +104,7 @@ class CPUDevice(Device):
         "use_fused_rope": "no-op: the model's own rotary embedding",
         "use_fused_linear_cross_entropy": "training loss from the hidden states in chunks, no full logits",
         "fp8": "torchao Float8Linear: fp8 matmuls (torch._scaled_mm) in the linear layers",
+        "fsdp": "FSDP2 fully_shard over gloo; use_fused_adam: torch's fused AdamW on the shards",
         "context_parallel_size": "sequences split over the ranks: all-to-all (gloo) around the attention kernel",
     }
 

@@ -142,6 +142,7 @@ class CUDADevice(Device):
         "use_fused_rope": "no-op: the model's own rotary embedding",
         "use_fused_linear_cross_entropy": "training loss from the hidden states in chunks, no full logits",
         "fp8": "torchao Float8Linear on GPUs with fp8 matmuls (compute capability 8.9+)",
+        "fsdp": "FSDP2 fully_shard over nccl; use_fused_adam: torch's fused AdamW on the shards",
         "context_parallel_size": "with --fsdp: torch context parallelism (ring SDPA, parallelism_config); else all-to-all (nccl)",
     }
 

@@ -1,4 +1,5 @@
-"""FSDP2 where accelerate leaves it off: a multi-process CPU run.
+"""FSDP2 where accelerate leaves it off (a multi-process CPU run), optimum-habana's FSDP files, and FSDP with the
+Gaudi features.
 
 accelerate (1.15, ``state.py``, ``AcceleratorState.__init__``) switches a run to ``DistributedType.FSDP`` only for
 accelerator distributed types (MULTI_GPU, MULTI_HPU, ...); with ``MULTI_CPU`` it keeps the plugin out of the state,
@@ -9,7 +10,121 @@ state is given the plugin transformers built, as accelerate does for the other t
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+
+
+class FsdpConfigError(UserError, ValueError):
+    """An --fsdp_config that cannot work here; the message says what to change."""
+
+
+# accelerate's FSDP1 sharding strategies, by name and by number (torch's ShardingStrategy counts from 1); FSDP2
+# keeps the first two as reshard_after_forward and has no others on one device mesh dimension.
+_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+_RESHARD_AFTER_FORWARD = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
+# optimum-habana's model classes are transformers' under this prefix (GaudiLlamaDecoderLayer); models here are
+# transformers' own.
+_HABANA_CLASS_PREFIX = "Gaudi"
+
+
+def read_fsdp_config(config: dict[str, Any] | str | os.PathLike | None) -> dict[str, Any]:
+    """--fsdp_config as a dict: a dict, a JSON object on the command line, or the path of a JSON file."""
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        return dict(config)
+    text = str(config)
+    try:
+        if text.lstrip().startswith("{"):
+            loaded = json.loads(text)
+        else:
+            if not os.path.isfile(text):
+                raise FsdpConfigError(f"--fsdp_config {text}: no such file; pass a JSON file or a JSON object.")
+            with open(text, encoding="utf-8") as f:
+                loaded = json.load(f)
+    except json.JSONDecodeError as e:
+        raise FsdpConfigError(f"--fsdp_config {text}: not JSON ({e}).") from None
+    if not isinstance(loaded, dict):
+        raise FsdpConfigError(f"--fsdp_config {text}: expected a JSON object of settings.")
+    return loaded
+
+
+def fsdp2_config(config: dict[str, Any], default_version: int = 2) -> dict[str, Any]:
+    """The settings transformers reads for FSDP2, from a file written for FSDP1 (optimum-habana's
+    ``fsdp_config.json``, accelerate's ``fsdp_*`` keys) as well as from one written for FSDP2.
+
+    transformers 5 drops the ``fsdp_`` prefixes but reads neither ``sharding_strategy`` nor ``offload_params``
+    under FSDP2: a strategy of 2 (SHARD_GRAD_OP) would silently shard like 1, offloading would silently not
+    happen. They become ``reshard_after_forward`` and ``cpu_offload``; a strategy FSDP2 has no equivalent of is
+    one line. FSDP1's prefetch, ``use_orig_params`` and ``sync_module_states`` settings are what FSDP2 does
+    anyway; they are left for transformers to ignore. A run of FSDP1 (``version: 1``, or ``default_version``, the
+    one transformers picks, where the file names none) is left alone.
+    """
+    config = {key.removeprefix("fsdp_"): value for key, value in config.items()}
+    if int(config.get("version", default_version)) != 2:
+        return config
+    strategy = config.pop("sharding_strategy", None)
+    if strategy is not None:
+        text = str(strategy).strip().upper()
+        name = _SHARDING_STRATEGIES[int(text) - 1] if text.isdigit() and 1 <= int(text) <= 5 else text
+        if name not in _RESHARD_AFTER_FORWARD:
+            instead = "train without --fsdp (DDP) to keep whole replicas" if name == "NO_SHARD" else "shard fully"
+            raise FsdpConfigError(
+                f"fsdp_config sharding_strategy {strategy!r} ({name}) has no FSDP2 equivalent here: use 1 "
+                f"(FULL_SHARD) or 2 (SHARD_GRAD_OP), or {instead}."
+            )
+        config.setdefault("reshard_after_forward", _RESHARD_AFTER_FORWARD[name])
+    if "offload_params" in config:
+        config.setdefault("cpu_offload", bool(config.pop("offload_params")))
+    return config
+
+
+def wrap_this_models_layers(plugin: Any, model: nn.Module | None) -> None:
+    """The layer classes the FSDP config names (``transformer_layer_cls_to_wrap``), as this model calls them.
+
+    optimum-habana's files name its own classes (``GaudiLlamaDecoderLayer``); a name the model lacks is taken
+    without that prefix when the model has that. A name the model has in neither form is one line here, where
+    accelerate would fail when it wraps the model, after loading it.
+    """
+    names = getattr(plugin, "transformer_cls_names_to_wrap", None)
+    if not names or model is None:
+        return
+    present = {type(module).__name__ for module in model.modules()}
+    found = []
+    for name in names:
+        plain = name.removeprefix(_HABANA_CLASS_PREFIX)
+        if name not in present and plain not in present:
+            base = getattr(model, "get_base_model", lambda: model)()
+            blocks = ", ".join(getattr(base, "_no_split_modules", None) or []) or "none named"
+            raise FsdpConfigError(
+                f"fsdp_config transformer_layer_cls_to_wrap names {name}, which {type(base).__name__} does not have; "
+                f"its repeated layers: {blocks}."
+            )
+        found.append(name if name in present else plain)
+    plugin.transformer_cls_names_to_wrap = found
+
+
+def gather_in_bf16(plugin: Any) -> None:
+    """FSDP2's mixed precision under the trainer's op-list autocast: parameters all-gathered in bf16 (half the
+    bytes gathered and held unsharded), gradients reduced in float32 as DDP reduces them. The autocast still
+    decides each op's precision (an op on neither list runs in bf16 on the gathered weights, where DDP would
+    run it in float32: the losses differ within bf16's rounding). accelerate sets no policy, as the autocast
+    replaces its own bf16; a policy the user's fsdp_config gives is kept."""
+    if plugin.fsdp_version != 2 or plugin.mixed_precision_policy is not None:
+        return
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    plugin.mixed_precision_policy = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16,
+        reduce_dtype=torch.float32,
+        cast_forward_inputs=False,  # each op's inputs are the autocast's to cast, not each wrapped layer's
+    )
 
 
 def shard_where_accelerate_would_not(accelerator: Any, args: Any) -> bool:

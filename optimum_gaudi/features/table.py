@@ -15,6 +15,8 @@ def feature_states(args: Any, gaudi_config: Any) -> dict[str, Any]:
     for name in FEATURES:
         source = gaudi_config if name.startswith(("use_fused", "use_torch_autocast")) else args
         states[name] = getattr(source, name, None) if source is not None else None
+    if args is not None:  # transformers leaves --fsdp None, a string or True
+        states["fsdp"] = bool(getattr(args, "fsdp", None))
     if args is not None and gaudi_config is not None:  # the flag or the config key
         states["use_fused_linear_cross_entropy"] = linear_cross_entropy.enabled(args, gaudi_config)
     return states

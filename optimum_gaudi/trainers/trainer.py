@@ -41,7 +41,12 @@ from ..devices.autocast import OpListAutocast
 from ..devices.base import Fp8Plan
 from ..distributed import full_weights
 from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
-from ..distributed.fsdp import check_fsdp_arguments, shard_where_accelerate_would_not
+from ..distributed.fsdp import (
+    check_fsdp_arguments,
+    gather_in_bf16,
+    shard_where_accelerate_would_not,
+    wrap_this_models_layers,
+)
 from ..distributed.sequence_parallel import SequenceParallel
 from ..features import attention, kernels
 from ..features import linear_cross_entropy as fused_loss
@@ -273,6 +278,10 @@ class GaudiTrainerMixin(TrainerShims):
         if shard_where_accelerate_would_not(self.accelerator, self.args):  # --fsdp on CPU processes: FSDP, not DDP
             self.is_fsdp_enabled = True
             check_fsdp_arguments(self.accelerator, self.args)
+        if self.is_fsdp_enabled:
+            wrap_this_models_layers(self.accelerator.state.fsdp_plugin, self.model)
+            if self._autocast is not None:
+                gather_in_bf16(self.accelerator.state.fsdp_plugin)
         torch_cp = getattr(self.args, "parallelism_config", None) is not None  # CUDA under FSDP: torch's own path
         if self.args.context_parallel_size > 1 and not torch_cp:
             self._sequence_parallel = SequenceParallel(self.args.context_parallel_size)
@@ -597,6 +606,13 @@ class GaudiTrainerMixin(TrainerShims):
         if self.args.optim not in _ADAMW_OPTIMIZERS:
             logger.warning("use_fused_adam is ignored because --optim %s is not AdamW.", self.args.optim)
             return super().create_optimizer(model)
+        if self.is_fsdp_enabled and not self.gaudi_device.fused_adamw_takes_dtensors:
+            logger.warning(
+                "use_fused_adam: the device's fused AdamW does not take FSDP's sharded (DTensor) parameters; "
+                "torch's AdamW (--optim %s) updates the shards.",
+                self.args.optim,
+            )
+            return super().create_optimizer(model)
         _, kwargs = Trainer.get_optimizer_cls_and_kwargs(self.args, model or self.model)
         kwargs.pop("fused", None)
         fused_cls, fused_kwargs = self.gaudi_device.fused_adamw()
@@ -719,8 +735,9 @@ class GaudiTrainerMixin(TrainerShims):
             self._throughput.rewrite_eval(logs, eval_prefixes[0], world)
         elif "loss" in logs:
             logs.update(self._throughput.interval(self.state.global_step, data_world))
-            if self.is_world_process_zero():
-                logs.update(self.gaudi_device.memory_stats())
+            # each rank's own figures in its own log history (rank 0's are printed): under FSDP or DeepSpeed the
+            # ranks hold different shares, and the largest is the one that runs out
+            logs.update(self.gaudi_device.memory_stats())
             self._run_totals_snapshot(self.control, logged=True)
         with self._out_of_throughput():
             super().log(logs, start_time)

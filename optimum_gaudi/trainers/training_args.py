@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass, field, fields
 
 import torch
+import transformers
 from transformers import TrainingArguments
 
 from ..configuration.fp8_recipe import parse_fp8_recipe
@@ -22,6 +23,7 @@ from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
 from ..devices import CPUDevice, Device, detect_device
 from ..devices.hpu import bridge_installed, prepare_bridge
 from ..distributed import sequence_parallel
+from ..distributed.fsdp import fsdp2_config, read_fsdp_config
 from ..errors import UserError
 from ..features import attention
 from ..features.compilation import apply_dynamo_options, check_compile_flags, compile_choice_problem
@@ -34,6 +36,10 @@ DISTRIBUTION_STRATEGIES = ("ddp", "fast_ddp")
 HALF_PRECISION_BACKENDS = ("auto", "hpu_amp", "cpu_amp")
 FAST_DDP_DTYPES = ("auto", "float32", "bfloat16")
 DEFAULT_MAX_HPU_GRAPHS = 10  # ModuleCacher's default in the bridge (hpu/graphs.py)
+
+
+# The FSDP version transformers runs when --fsdp_config names none: FSDP2 from transformers 5, FSDP1 before.
+_FSDP_DEFAULT_VERSION = 2 if int(transformers.__version__.split(".")[0]) >= 5 else 1
 
 
 class GaudiArgumentError(UserError, ValueError):
@@ -277,6 +283,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
                 self.gaudi_device.compile_backend,
             )
             self.torch_compile_backend = self.gaudi_device.compile_backend
+        if self.fsdp:  # optimum-habana's fsdp_config.json (FSDP1's keys) as FSDP2 settings transformers reads
+            self.fsdp_config = fsdp2_config(read_fsdp_config(self.fsdp_config), _FSDP_DEFAULT_VERSION)
         super().__post_init__()
         self._check_deepspeed_config()
         self._sharded_checkpoints()
@@ -328,6 +336,16 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             engine = "--deepspeed" if self.deepspeed else "--fsdp"
             fail(
                 f"--distribution_strategy fast_ddp replaces DDP and cannot be combined with {engine}; use the default 'ddp' strategy with {engine}."
+            )
+        if self.fsdp and (self.use_hpu_graphs_for_training or self.use_hpu_graphs_for_inference):
+            graphs = (
+                "--use_hpu_graphs_for_training"
+                if self.use_hpu_graphs_for_training
+                else "--use_hpu_graphs_for_inference"
+            )
+            fail(
+                f"{graphs} cannot be combined with --fsdp: FSDP gathers each layer's parameters into fresh memory at "
+                "every forward, which a replayed graph would not see; drop one (with FSDP, --torch_compile instead)."
             )
         if self.deepspeed and importlib.util.find_spec("deepspeed") is None:
             fail("--deepspeed needs DeepSpeed: pip install deepspeed (on a Gaudi, Habana's DeepSpeed fork).")

@@ -17,6 +17,7 @@ device is) and the autocast queries; with the simulated device (FAKE_HPU_DEVICE=
 process to that device and the autocast state is torch's for device type 'hpu'.
 """
 
+import contextlib
 import os
 import threading
 
@@ -34,7 +35,15 @@ from .memory import (  # noqa: F401
     memory_stats,
     reset_peak_memory_stats,
 )
-from .random import get_rng_state, initial_seed, manual_seed, manual_seed_all, set_rng_state  # noqa: F401, E402
+from .random import (  # noqa: F401, E402
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
 
 if is_lazy():
     from .graphs import HPUGraph, ModuleCacher, graph, make_graphed_callables, wrap_in_hpu_graph  # noqa: F401
@@ -62,6 +71,7 @@ def device_count() -> int:
 
 def current_device() -> int:
     _hf.record("hpu.current_device")
+    _lazy_init()  # as hpu/__init__.py: asking for the device initializes it (DeviceMesh then keeps it)
     return int(torch.ops.fake_hpu.current_device()) if _device.loaded() else 0
 
 
@@ -110,6 +120,31 @@ class Stream(torch.Stream):
 
 class Event(torch.Event):
     """``hpu/events.py``'s event class (also listed by dynamo); events on the simulated device are complete."""
+
+
+# hpu/streams.py: current_stream / default_stream (optional device), stream(s) as a context that makes s current,
+# set_stream. FSDP2 runs its collectives on streams of its own through these. The simulated device runs everything
+# at once on its one stream: each call answers that stream, and the context has nothing to switch.
+
+
+def current_stream(device=None) -> Stream:
+    from .memory import _check_device
+
+    return Stream(device=torch.device("hpu", _check_device(device)))
+
+
+default_stream = current_stream
+
+
+def set_stream(stream) -> None:
+    if stream is not None and stream.device.type != "hpu":
+        raise RuntimeError(f"set_stream: expected a stream on hpu, got one on {stream.device}")
+
+
+@contextlib.contextmanager
+def stream(stream):
+    set_stream(stream)
+    yield
 
 
 def is_bf16_supported() -> bool:

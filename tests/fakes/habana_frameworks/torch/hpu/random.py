@@ -2,7 +2,8 @@
 
 Follows ``hpu/random.py`` of HabanaAI/gaudi-pytorch-bridge: one default generator (device 0 only);
 ``manual_seed`` takes ``int(seed)``; ``manual_seed_all`` is ``manual_seed``; ``get_rng_state`` /
-``set_rng_state`` read and restore its state as a tensor. Here the generator is a CPU ``torch.Generator`` (the
+``set_rng_state`` read and restore its state as a tensor; ``get_rng_state_all`` is a list of that one state and
+``set_rng_state_all`` takes exactly one (transformers' checkpoints of a multi-process run use them). Here the generator is a CPU ``torch.Generator`` (the
 simulator's ops draw from torch's CPU generator, so tests also advance it with ``draw``); seeding and state
 changes are recorded.
 
@@ -45,6 +46,17 @@ def set_rng_state(new_state: torch.Tensor, device="hpu") -> None:
         torch.ops.fake_hpu.set_rng_state(new_state)
     else:
         _generator.set_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state(0)]
+
+
+def set_rng_state_all(new_states) -> None:
+    if len(new_states) != 1:
+        raise RuntimeError("hpu set_rng_state_all supports only states len of 1")
+    for state in new_states:
+        set_rng_state(state, 0)
 
 
 def draw() -> float:

@@ -100,6 +100,21 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
     def getBackendName(self):
         return "hccl"
 
+    # The real group is a C++ backend under torch's ProcessGroup, registered for device type hpu: the group
+    # answers the name torch gives it (``init_process_group``, ``new_group``; DeviceMesh and FSDP2 read it) and
+    # its device types (object collectives, as torch.distributed.checkpoint's, then move their bytes on hpu). A
+    # Python ProcessGroup has no backend to keep them in: answered here.
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    @property
+    def group_name(self):
+        return self._group_name
+
+    @property
+    def _device_types(self):
+        return [torch.device("hpu")]
+
     def _enter(self, name, tensors):
         for tensor in tensors:
             if tensor.device.type != "hpu":
@@ -129,17 +144,21 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
         opts = opts or dist.BroadcastOptions()
         return self._run("broadcast", list(tensors), lambda i, o: self._gloo.broadcast(i, opts))
 
-    def allgather(self, output_lists, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+    def _into_lists(self, name, output_lists, inputs, call):
+        """A collective whose outputs are lists of tensors (all-gather, gather), on host copies."""
         flat = [t for group in output_lists for t in group]
-        self._enter("allgather", list(inputs) + flat)
+        self._enter(name, list(inputs) + flat)
         host_out = [[t.cpu() for t in group] for group in output_lists]
-        self._gloo.allgather(host_out, [t.cpu() for t in inputs], opts).wait()
+        call(host_out, [t.cpu() for t in inputs]).wait()
         with torch.no_grad():
             for group, values in zip(output_lists, host_out, strict=True):
                 for target, value in zip(group, values, strict=True):
                     target.copy_(value)
         return _DoneWork(output_lists)
+
+    def allgather(self, output_lists, inputs, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        return self._into_lists("allgather", output_lists, inputs, lambda o, i: self._gloo.allgather(o, i, opts))
 
     def _allgather_base(self, output, input, opts=None):
         opts = opts or dist.AllgatherOptions()
@@ -158,6 +177,32 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
             lambda i, o: self._gloo.alltoall_base(o[0], i[0], output_split_sizes, input_split_sizes, opts),
             [output],
         )
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        """reduce_scatter_tensor, as ``process_group_hccl_base.hpp`` declares it (FSDP's gradient reduction)."""
+        opts = opts or dist.ReduceScatterOptions()
+        return self._run(
+            "reduce_scatter_tensor", [input], lambda i, o: self._gloo._reduce_scatter_base(o[0], i[0], opts), [output]
+        )
+
+    reduce_scatter_single = _reduce_scatter_base  # torch 2.13's name for reduce_scatter_tensor
+
+    def gather(self, output_lists, inputs, opts=None):
+        """As ``process_group_hccl_base.hpp``: the root receives a list (torch.distributed.checkpoint's plans)."""
+        opts = opts or dist.GatherOptions()
+        return self._into_lists("gather", output_lists, inputs, lambda o, i: self._gloo.gather(o, i, opts))
+
+    def scatter(self, outputs, input_lists, opts=None):
+        """As ``process_group_hccl_base.hpp``: the root sends each rank its part."""
+        opts = opts or dist.ScatterOptions()
+        flat = [t for group in input_lists for t in group]
+        self._enter("scatter", list(outputs) + flat)
+        host_out = [t.cpu() for t in outputs]
+        self._gloo.scatter(host_out, [[t.cpu() for t in group] for group in input_lists], opts).wait()
+        with torch.no_grad():
+            for target, value in zip(outputs, host_out, strict=True):
+                target.copy_(value)
+        return _DoneWork(outputs)
 
     def barrier(self, opts=None):
         _hf.record("distributed.hccl.barrier")

@@ -16,12 +16,15 @@ its kernel ``hpu_ops/backend/optimizer_adamw_gen.cpp``, computed with torch ops 
   each param group's update and after the step, ``step_wrap``); recorded as
   ``hpex.optimizers.FusedAdamW.mark_step`` (not as ``core.mark_step``, which counts the caller's own).
 
+- FSDP2's sharded parameters (DTensors) are refused, as DTensor's dispatch refuses the bridge's kernel call.
+
 Not simulated (they raise NotImplementedError): bias_correction=False and moments_dtype.
 """
 
 import math
 
 import torch
+from torch.distributed.tensor import DTensor
 
 import habana_frameworks as _hf
 
@@ -80,6 +83,12 @@ class FusedAdamW(torch.optim.Optimizer):
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
+            if any(isinstance(p, DTensor) for p in params):
+                # FusedAdamW.py hands the parameters to torch.ops.hpu.optimizer_adamw, for which the bridge registers
+                # no DTensor sharding rule: DTensor's dispatch refuses the call (FSDP2's sharded parameters)
+                raise NotImplementedError(
+                    "Operator hpu.optimizer_adamw.default does not have a sharding strategy registered."
+                )
             beta1, beta2 = group["betas"]
             group["step"] = group.get("step", 0) + 1
             t = group["step"]
