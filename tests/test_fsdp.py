@@ -123,6 +123,15 @@ def test_optimum_habanas_fsdp_config_means_the_same_under_fsdp2():
     assert fsdp2_config({"version": 1, "sharding_strategy": 3})["sharding_strategy"] == 3  # FSDP1's own file
 
 
+def test_the_example_fsdp_config_is_optimum_habanas_with_sharded_checkpoints():
+    """The README's 70B command passes examples/language-modeling/fsdp_config.json: the same settings, except that
+    checkpoints are sharded (optimum-habana's gathers each on rank 0)."""
+    example = Path(__file__).resolve().parent.parent / "examples" / "language-modeling" / "fsdp_config.json"
+    ours, theirs = (fsdp2_config(read_fsdp_config(str(path))) for path in (example, HABANA_FSDP_CONFIG))
+    assert ours.pop("state_dict_type") == "SHARDED_STATE_DICT" and theirs.pop("state_dict_type") == "FULL_STATE_DICT"
+    assert ours == theirs
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [

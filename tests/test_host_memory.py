@@ -84,3 +84,21 @@ def test_gaudi_trainer_keeps_host_memory_for_each_loop_on_cpu(monkeypatch, tiny_
                 ("mallopt", host_memory.M_MMAP_THRESHOLD, host_memory.KEPT_BELOW),
                 *[("mallopt", p, v) for p, v in host_memory.AFTER_LOOP.items()], ("malloc_trim", 0)]  # fmt: skip
     assert libc.calls == one_loop * 2
+
+
+@needs_glibc
+def test_a_sharded_run_gives_freed_memory_back(monkeypatch, tiny_gpt2, tmp_path):
+    """FSDP (or sequences split over ranks) trains to save memory: kept blocks would fragment the heap past what
+    sharding saves, so the loop leaves glibc's settings alone."""
+    libc = RecordingLibc()
+    monkeypatch.setattr(host_memory, "glibc", lambda: libc)
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    trainer = GaudiTrainer(model=tiny_gpt2(), args=args)
+    trainer.is_fsdp_enabled = True  # as a run under --fsdp on several processes has it
+    with trainer._loop_context():
+        pass
+    assert libc.calls == []
+    trainer.is_fsdp_enabled = False
+    with trainer._loop_context():
+        pass
+    assert libc.calls[0] == ("mallopt", host_memory.M_TRIM_THRESHOLD, host_memory.KEPT_BELOW)

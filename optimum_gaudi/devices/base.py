@@ -120,9 +120,11 @@ class Device:
         state = torch.get_rng_state()
         return lambda: torch.set_rng_state(state)
 
-    def loop_memory(self) -> contextlib.AbstractContextManager:
+    def loop_memory(self, sharded: bool = False) -> contextlib.AbstractContextManager:
         """Around a training or evaluation loop: how the device keeps memory freed from one step for the
-        next. Device memory has its caching allocator already; host memory is the host's business."""
+        next. Device memory has its caching allocator already; host memory is the host's business.
+        ``sharded``: the run splits its state or its sequences over ranks to save memory (FSDP, sequence
+        parallelism)."""
         return contextlib.nullcontext()
 
     def fused_adamw(self) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:

@@ -122,9 +122,12 @@ class CPUDevice(Device):
             "(one thread)"
         )
 
-    def loop_memory(self) -> contextlib.AbstractContextManager:
-        """The model trains in host memory: glibc keeps freed blocks for the next step (host_memory)."""
-        return freed_memory_kept()
+    def loop_memory(self, sharded: bool = False) -> contextlib.AbstractContextManager:
+        """The model trains in host memory: glibc keeps freed blocks for the next step (host_memory). Not in a
+        sharded run: FSDP gathers and frees each layer's parameters and gradients, in sizes that fragment a
+        heap that never shrinks, and the kept blocks outgrow the replica sharding saves (a 107M Llama on 2
+        processes, this trainer: 2.41 GB peak above baseline per rank with them, 1.23 GB without)."""
+        return contextlib.nullcontext(False) if sharded else freed_memory_kept()
 
     def memory_info(self) -> tuple[int, int]:
         """System RAM: available (what the kernel can hand out without swapping) and total."""

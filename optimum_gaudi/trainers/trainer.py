@@ -440,7 +440,8 @@ class GaudiTrainerMixin(TrainerShims):
         autocast = self._autocast() if self._autocast is not None else None
         if isinstance(autocast, OpListAutocast):
             stack.enter_context(autocast.kept())
-        stack.enter_context(self.gaudi_device.loop_memory())
+        sharded = self.is_fsdp_enabled or self._sequence_parallel is not None
+        stack.enter_context(self.gaudi_device.loop_memory(sharded))
         return stack
 
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> contextlib.AbstractContextManager:
