@@ -163,3 +163,25 @@ def test_layer_classes_are_taken_as_this_model_names_them():
 def test_hpu_graphs_with_fsdp_are_refused_in_one_line(graphs, tmp_path):
     with pytest.raises(GaudiArgumentError, match=rf"^--{graphs} cannot be combined with --fsdp: FSDP gathers"):
         GaudiTrainingArguments(output_dir=str(tmp_path), fsdp="full_shard", **{graphs: True})
+
+
+@pytest.mark.parametrize(
+    ("plugin", "flags", "message"),
+    [
+        ({"activation_checkpointing": True}, {"activation_checkpointing": True}, "^fsdp_config activation_checkpointing"),
+        ({}, {"save_only_model": True, "load_best_model_at_end": True}, "^--fsdp with --save_only_model cannot"),
+        ({"state_dict_type": "SHARDED_STATE_DICT"}, {"save_only_model": True}, "^--save_only_model needs whole weights"),
+    ],
+)  # fmt: skip
+def test_what_transformers_checks_once_fsdp_is_on_is_one_line_for_cpu_processes_too(plugin, flags, message):
+    """A CPU run turned to FSDP after transformers' own checks gets them again, as one line each."""
+    from types import SimpleNamespace
+
+    from optimum_gaudi.distributed.fsdp import check_fsdp_arguments
+
+    fsdp_plugin = SimpleNamespace(**{"activation_checkpointing": False, "state_dict_type": "FULL_STATE_DICT", **plugin})
+    accelerator = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=fsdp_plugin))
+    args = SimpleNamespace(**{"save_only_model": False, "load_best_model_at_end": False, **flags})
+    with pytest.raises(FsdpConfigError, match=message) as caught:
+        check_fsdp_arguments(accelerator, args)
+    assert "\n" not in str(caught.value)

@@ -148,6 +148,11 @@ def test_fsdp_checkpoints_are_sharded_unless_the_config_names_a_state_dict_type(
     assert only_model.fsdp_plugin_args["state_dict_type"] == "FULL_STATE_DICT"
     full = fsdp_args(f'{{{WRAP}, "state_dict_type": "FULL_STATE_DICT"}}')
     assert full.fsdp_plugin_args["state_dict_type"] == "FULL_STATE_DICT"
+    fsdp1 = fsdp_args(f'{{{WRAP}, "version": 1}}')  # whose final save_model writes no sharded model
+    assert fsdp1.fsdp_plugin_args["state_dict_type"] == "FULL_STATE_DICT"
+    with pytest.raises(UserError, match="^--async_save with --load_best_model_at_end") as refused:
+        fsdp_args(f"{{{WRAP}}}", async_save=True, load_best_model_at_end=True, eval_strategy="steps", save_steps=500)
+    assert "\n" not in str(refused.value)
     with pytest.raises(UserError, match="--async_save writes FSDP's sharded checkpoints") as refused:
         GaudiTrainingArguments(output_dir=str(tmp_path), async_save=True)
     assert "\n" not in str(refused.value)

@@ -25,6 +25,7 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 
 KEPT_BELOW = 1 << 30  # blocks below 1 GiB stay in the heap during a loop
+RETURNED_FROM = 1 << 20  # in a sharded run's loop, blocks from 1 MiB up go back to the OS when freed
 # glibc's dynamic thresholds once the process has freed a block of its largest mmap size (32 MiB on
 # 64-bit): where a training process ends up anyway, so code after the loop runs as it would have
 AFTER_LOOP = {M_MMAP_THRESHOLD: 32 << 20, M_TRIM_THRESHOLD: 64 << 20}
@@ -46,9 +47,12 @@ def glibc() -> Any | None:
 
 
 @contextlib.contextmanager
-def freed_memory_kept() -> Iterator[bool]:
+def freed_memory_kept(returned: bool = False) -> Iterator[bool]:
     """Within: freed blocks below ``KEPT_BELOW`` stay in the process. Yields whether that holds here.
 
+    ``returned``: the opposite, for a run whose point is memory (sharded over ranks): every block from
+    ``RETURNED_FROM`` up is its own mapping, given back when freed, and the heap's top is trimmed as soon as
+    that much is free, so blocks of many sizes (FSDP's gathered layers) never fragment a heap that keeps them.
     Process-wide, as the allocator is; nested loops (an evaluation inside training) keep the outer
     loop's settings until the outer loop ends.
     """
@@ -57,7 +61,10 @@ def freed_memory_kept() -> Iterator[bool]:
     if libc is None:
         yield False
         return
-    if _depth == 0:
+    if _depth == 0 and returned:
+        libc.mallopt(M_TRIM_THRESHOLD, RETURNED_FROM)
+        libc.mallopt(M_MMAP_THRESHOLD, RETURNED_FROM)
+    elif _depth == 0:
         libc.mallopt(M_TRIM_THRESHOLD, KEPT_BELOW)
         if libc.mallopt(M_MMAP_THRESHOLD, KEPT_BELOW) != 1:  # older glibc refuses more than 32 MiB
             libc.mallopt(M_MMAP_THRESHOLD, AFTER_LOOP[M_MMAP_THRESHOLD])

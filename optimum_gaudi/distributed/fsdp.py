@@ -151,10 +151,12 @@ def check_fsdp_arguments(accelerator: Any, args: Any) -> None:
     turned to FSDP after them."""
     plugin = accelerator.state.fsdp_plugin
     if plugin.activation_checkpointing and getattr(args, "activation_checkpointing", False):  # transformers 5
-        raise ValueError(
-            "fsdp_config['activation_checkpointing'] and --activation_checkpointing can't both be set: use FSDP's."
+        raise FsdpConfigError(
+            "fsdp_config activation_checkpointing and --activation_checkpointing are both set; keep FSDP's only."
         )
     if args.save_only_model and args.load_best_model_at_end:
-        raise ValueError("FSDP can't be used with `save_only_model` along with `load_best_model_at_end`.")
+        raise FsdpConfigError("--fsdp with --save_only_model cannot --load_best_model_at_end; drop one of them.")
     if args.save_only_model and "SHARDED_STATE_DICT" in str(plugin.state_dict_type):
-        raise ValueError("save_only_model option is not compatible with FSDP state dict type 'SHARDED_STATE_DICT'")
+        raise FsdpConfigError(
+            '--save_only_model needs whole weights: set the fsdp_config state_dict_type to "FULL_STATE_DICT".'
+        )

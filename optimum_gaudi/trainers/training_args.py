@@ -422,12 +422,18 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
         the fsdp_config names a state_dict_type (FULL_STATE_DICT: rank 0 gathers and writes everything) or
         --save_only_model asks for what sharded checkpoints cannot be. --async_save needs sharded ones."""
         plugin = getattr(self, "fsdp_plugin_args", None)
-        if plugin is not None and "state_dict_type" not in self.fsdp_config and not self.save_only_model:
+        fsdp2 = plugin is not None and plugin.get("fsdp_version") == 2  # FSDP1's final save writes no sharded model
+        if fsdp2 and "state_dict_type" not in self.fsdp_config and not self.save_only_model:
             plugin["state_dict_type"] = self.fsdp_config["state_dict_type"] = "SHARDED_STATE_DICT"
         if self.async_save and (plugin is None or str(plugin.get("state_dict_type")).upper() != "SHARDED_STATE_DICT"):
             raise GaudiArgumentError(
                 "--async_save writes FSDP's sharded checkpoints in the background: add --fsdp, with the fsdp_config "
                 'state_dict_type "SHARDED_STATE_DICT" (the default), or drop --async_save.'
+            )
+        if self.async_save and self.load_best_model_at_end:
+            raise GaudiArgumentError(
+                "--async_save with --load_best_model_at_end: the best checkpoint may still be written in the "
+                "background when training ends and the best model is loaded; drop one of them."
             )
 
     def _use_torch_context_parallel(self) -> None:
