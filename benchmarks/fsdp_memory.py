@@ -31,14 +31,16 @@ SETUPS = {"ddp_2procs": (2, "ddp"), "fsdp_2procs": (2, "fsdp"), "ddp_4procs": (4
 GB = 1024**3
 # Where an FSDP rank's peak goes, traced by hand once (2026-11-26, this CPU), not by run(): kept with the table.
 TRACED = (
-    "The training state, what sharding divides, is halved on 2 processes and quartered on 4; the peak is not. "
-    "Traced by hand (rank 0 of fsdp_2procs, an earlier 87M-parameter variant with a 32k vocabulary, resident set "
-    "read at each step): 0.64 GB when training began, 1.87 GB after the first forward and backward, 2.32 GB "
-    "after the third step, then flat. FSDP2's gathered parameters, unsharded gradients and collective buffers "
-    "over gloo take more than a DDP rank's whole replica here, and why that much is not explained yet; the "
-    "trainer's keeping of freed host memory accounts for about 0.2 GB of it (1.74 GB above the baseline "
-    "without it, 1.95 GB with it). Throughput: FSDP's collectives for each layer (two all-gathers, a reduce-scatter) cost about half the "
-    "tokens/s of DDP on these 2 shared cores."
+    "The training state, what sharding divides, is halved on 2 processes and quartered on 4; the rest of a "
+    "rank's peak is FSDP's working set (one layer's gathered parameters and unsharded gradients, the output "
+    "layer kept gathered through the backward as accelerate groups it) and what the C allocator keeps. Traced "
+    "by hand (2026-11-26, this 107M Llama, FSDP on 2 processes, peak above the baseline at step 4): 2.41 GB "
+    "while the CPU device kept freed blocks below 1 GiB in the heap for the next step (its setting for "
+    "unsharded runs: FSDP's layer-sized blocks of many sizes fragmented the heap, which never shrinks), "
+    "1.22 GB with glibc's default thresholds, 1.03 GB with blocks from 1 MiB up given back when freed, which "
+    "a sharded run now does. Throughput: FSDP's collectives for each layer (two all-gathers, a "
+    "reduce-scatter) over gloo, and the page faults of memory given back and taken again, cost most of DDP's "
+    "tokens/s on these 2 shared cores."
 )
 
 
