@@ -133,9 +133,13 @@ def shard_where_accelerate_would_not(accelerator: Any, args: Any) -> bool:
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
     state = accelerator.state
-    if args.fsdp_plugin_args is None or state.distributed_type != DistributedType.MULTI_CPU:
+    # transformers 5 builds the plugin's arguments; 4.57 sets accelerate's FSDP_* variables, which the plugin reads
+    plugin_args = getattr(args, "fsdp_plugin_args", None)
+    if plugin_args is None and not (args.fsdp and os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"):
         return False
-    plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
+    if state.distributed_type != DistributedType.MULTI_CPU:
+        return False
+    plugin = FullyShardedDataParallelPlugin(**(plugin_args or {}))
     if state.mixed_precision != "no":
         plugin.set_mixed_precision(state.mixed_precision)
     state.distributed_type = DistributedType.FSDP
