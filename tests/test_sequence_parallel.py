@@ -37,12 +37,14 @@ def run(tmp_path, name: str, attn: str, side: str, **args) -> dict:
     return {"attn": attn, "padding_side": side, "args": {"output_dir": str(tmp_path / name), **COMMON, **args}}
 
 
-def single_process(tmp_path, attn: str, side: str, per_device: int) -> dict:
+def single_process(tmp_path, attn: str, side: str, per_device: int, eval_rows: int = 0) -> dict:
+    """The same training on one process; evaluation (if any) in one batch, as the ranks' one step together."""
     args = GaudiTrainingArguments(output_dir=str(tmp_path / "single"), per_device_train_batch_size=per_device, **COMMON)
+    args.per_device_eval_batch_size = eval_rows or args.per_device_eval_batch_size
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each rank
     try:
-        return tiny.trained_llama(args, attn, side)
+        return tiny.trained_llama(args, attn, side, eval_rows)
     finally:
         torch.set_num_threads(threads)
 
@@ -56,7 +58,7 @@ def assert_same_training(split: dict, single: dict) -> None:
 def test_sequences_split_over_4_and_2_ranks_train_as_one_process(tmp_path):
     """4 ranks: one group of 4 (sdpa, grouped heads, left padding, lengths 4 does not divide); then 2 groups of 2,
     data parallel over the groups (eager attention, right padding: the one process pads its 4 rows together),
-    under DDP, FSDP2 and fast_ddp."""
+    under DDP, FSDP2 and fast_ddp. Evaluation is not split: the eval_loss is the one process's, not 2x it."""
     runs = {
         "cp4": run(tmp_path, "cp4", "sdpa", "left", per_device_train_batch_size=2, context_parallel_size=4),
         "cp2": run(tmp_path, "cp2", "eager", "right", per_device_train_batch_size=2, context_parallel_size=2),
@@ -65,9 +67,13 @@ def test_sequences_split_over_4_and_2_ranks_train_as_one_process(tmp_path):
     runs["cp2_fsdp"]["args"]["fsdp"] = "full_shard"
     runs["cp2_fast"] = run(tmp_path, "fast", "sdpa", "right", per_device_train_batch_size=2, context_parallel_size=2)
     runs["cp2_fast"]["args"]["distribution_strategy"] = "fast_ddp"
+    runs["cp2"] |= dict(eval_rows=8)
+    runs["cp2"]["args"]["per_device_eval_batch_size"] = 2  # one step of the 4 ranks' own 2 rows
     split = launch(tmp_path, 4, runs)
     assert_same_training(split["cp4"], single_process(tmp_path, "sdpa", "left", per_device=2))
-    assert_same_training(split["cp2"], single_process(tmp_path, "eager", "right", per_device=4))
+    single = single_process(tmp_path, "eager", "right", per_device=4, eval_rows=8)
+    assert_same_training(split["cp2"], single)
+    assert split["cp2"]["eval_loss"] == pytest.approx(single["eval_loss"], rel=1e-5)
     assert split["cp2_fsdp"]["fsdp"] and not split["cp2"]["fsdp"]  # FSDP2's averaging, DDP's, fast_ddp's
     single = single_process(tmp_path, "sdpa", "right", per_device=4)
     assert_same_training(split["cp2_fsdp"], single)

@@ -15,7 +15,7 @@ over the whole sequence before the split (transformers' ``shift_labels``), posit
 attention mask is built once over the whole sequence from the full padding mask and positions, as the model
 would build it, and ``num_items_in_batch`` is counted on the full batch. A length that N does not divide is padded at
 the end with tokens nothing attends to (causal) and no label. Evaluation is not split: each rank evaluates its
-own batches whole.
+own batches whole, and ``get_cp_size()`` is 1 there, so its token count is not divided.
 """
 
 from __future__ import annotations

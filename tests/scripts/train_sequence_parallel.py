@@ -2,7 +2,7 @@
 run's losses and trained parameters to a JSON file.
 
 `train_sequence_parallel.py OUT.json RUNS.json`: RUNS.json maps a run's name to {"attn": ..., "padding_side": ...,
-"args": {GaudiTrainingArguments keywords}}.
+"args": {GaudiTrainingArguments keywords}, "eval_rows": rows to evaluate on after training (optional)}.
 """
 
 import json
@@ -24,7 +24,7 @@ def main() -> None:
     results = {}
     for name, run in runs.items():
         args = GaudiTrainingArguments(**run["args"])
-        results[name] = tiny.trained_llama(args, run["attn"], run["padding_side"])
+        results[name] = tiny.trained_llama(args, run["attn"], run["padding_side"], run.get("eval_rows", 0))
         results[name]["world_size"] = args.world_size
         if "habana_frameworks" in sys.modules:  # the simulated Gaudi: what its kernels and collectives saw
             import habana_frameworks
