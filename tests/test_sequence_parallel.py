@@ -115,17 +115,37 @@ def test_combinations_that_cannot_split_are_one_line(monkeypatch, tmp_path):
 def test_a_model_whose_heads_or_attention_cannot_split_is_one_line():
     from optimum_gaudi.distributed.sequence_parallel import model_problem
 
-    config = tiny.llama_8_heads().config  # 8 query, 4 key/value heads, sdpa
-    assert model_problem(config, 4) is None
-    assert model_problem(config, 8) == (
+    model = tiny.llama_8_heads()  # 8 query, 4 key/value heads, sdpa
+    assert model_problem(model, 4) is None
+    assert model_problem(model, 8) == (
         "--context_parallel_size 8 gives each process 1/8 of the attention heads: the model has 8 query and 4 "
         "key/value heads; choose a size that divides both."
     )
-    config.sliding_window = 8
-    assert "sliding window" in model_problem(config, 2)
-    config.sliding_window = None
-    config._attn_implementation = "flash_attention_2"
-    assert "the model uses flash_attention_2" in model_problem(config, 2)
+    model.config.sliding_window = 8
+    assert "sliding window" in model_problem(model, 2)
+    model.config.sliding_window = None
+    model.config._attn_implementation = "flash_attention_2"
+    assert "the model uses flash_attention_2" in model_problem(model, 2)
+
+
+def test_an_encoder_is_refused_in_one_line():
+    """A bidirectional model would get a causal mask over the whole sequence: refused where the model is wrapped."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from optimum_gaudi.distributed.sequence_parallel import SequenceParallel
+    from optimum_gaudi.errors import UserError
+
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=8)
+    bert = BertForMaskedLM(BertConfig(vocab_size=tiny.VOCAB, max_position_embeddings=64, **sizes))
+    split = object.__new__(SequenceParallel)  # its hooks without process groups
+    split.size = 2
+    with pytest.raises(UserError) as refused:
+        split.use(bert)
+    assert str(refused.value) == (
+        "--context_parallel_size 2 splits causal (decoder) models only; this model has bidirectional attention "
+        "(an encoder)."
+    )
+    assert bert.config._attn_implementation != "gaudi_sequence_parallel"  # left as it was
 
 
 def test_transformers_parallelism_config_that_disagrees_is_one_line(tmp_path):

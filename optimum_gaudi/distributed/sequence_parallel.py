@@ -76,12 +76,15 @@ def _all_to_all(chunks: torch.Tensor, group: Any) -> torch.Tensor:
     return received
 
 
-def model_problem(config: Any, size: int) -> str | None:
-    """Why this model cannot split its sequences over ``size`` ranks, in one line; None when it can."""
+def model_problem(model: nn.Module, size: int) -> str | None:
+    """Why this transformers model cannot split its sequences over ``size`` ranks, in one line; None when it can."""
     flag = f"--context_parallel_size {size}"
+    config = model.config
     kernel = getattr(config, "_attn_implementation", None) or "eager"
     if kernel not in (*LOCAL_KERNELS, ATTENTION_NAME):
         return f"{flag} runs attention with sdpa, eager or gaudi_fused_sdpa; the model uses {kernel}."
+    if any(getattr(module, "is_causal", None) is False for module in model.modules()):  # BERT's, cross-attention
+        return f"{flag} splits causal (decoder) models only; this model has bidirectional attention (an encoder)."
     sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
     if sliding or (getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)):
         return f"{flag} builds a causal mask over the whole sequence; this model attends through a sliding window."
@@ -204,11 +207,10 @@ class SequenceParallel:
         from transformers.masking_utils import AttentionMaskInterface
 
         base = getattr(model, "get_base_model", lambda: model)()  # a PEFT model's transformers model
-        config = base.config
-        current = getattr(config, "_attn_implementation", None) or "eager"
+        current = getattr(base.config, "_attn_implementation", None) or "eager"
         if current == ATTENTION_NAME:
             return
-        problem = model_problem(config, self.size)
+        problem = model_problem(base, self.size)
         if problem is not None:
             raise UserError(problem)
         _base = current
