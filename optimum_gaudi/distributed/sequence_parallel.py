@@ -63,6 +63,8 @@ def argument_problem(args: Any, world_size: int) -> str | None:
         return f"{flag} and transformers' parallelism_config split the sequences differently; give one of them."
     if args.attn_implementation is not None and args.attn_implementation not in LOCAL_KERNELS:
         return f"{flag} runs attention with sdpa, eager or gaudi_fused_sdpa, not {args.attn_implementation}."
+    if args.label_smoothing_factor:
+        return f"{flag} cannot be combined with --label_smoothing_factor (it reads the slice's own labels); drop one."
     for given, name in ((args.torch_compile, "--torch_compile"), (args.use_hpu_graphs_for_training, "--use_hpu_graphs_for_training")):  # fmt: skip
         if given:
             return f"{flag} cannot be combined with {name} yet (its all-to-all runs eagerly); drop one of them."
@@ -217,6 +219,15 @@ class SequenceParallel:
         AttentionInterface.register(ATTENTION_NAME, sequence_parallel_attention)
         AttentionMaskInterface.register(ATTENTION_NAME, _mask_function)
         base.set_attn_implementation(ATTENTION_NAME)
+
+    def check_loss(self, compute_loss_func: Callable[..., Any] | None) -> None:
+        """The model computes the loss from the labels shifted over the whole sequence; a trainer's own loss
+        function would read the slice's own labels."""
+        if compute_loss_func is not None:
+            raise UserError(
+                f"--context_parallel_size {self.size} cannot be combined with a compute_loss_func (it would read the "
+                "slice's own labels); drop one."
+            )
 
     def share_batches(self, dataloader: Any) -> Any:
         """The ranks of a group read the same batches: accelerate's sharding over world/N data-parallel ranks."""

@@ -222,6 +222,8 @@ class GaudiTrainerMixin(TrainerShims):
             self.add_callback(AdaLoraBudget())
         self._eval_profiler = EvaluationProfiler.from_training_args(args)
         self._fused_loss = fused_loss.applies(self, GaudiTrainerMixin)
+        if self._sequence_parallel is not None:
+            self._sequence_parallel.check_loss(self.compute_loss_func)
         self._timing_out_of_throughput = False
         if self.is_world_process_zero():
             table = feature_table(self.gaudi_device, args, self.gaudi_config)
