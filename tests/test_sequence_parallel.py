@@ -37,12 +37,14 @@ def run(tmp_path, name: str, attn: str, side: str, **args) -> dict:
     return {"attn": attn, "padding_side": side, "args": {"output_dir": str(tmp_path / name), **COMMON, **args}}
 
 
-def single_process(tmp_path, attn: str, side: str, per_device: int) -> dict:
+def single_process(tmp_path, attn: str, side: str, per_device: int, eval_rows: int = 0) -> dict:
+    """The same training on one process; evaluation (if any) in one batch, as the ranks' one step together."""
     args = GaudiTrainingArguments(output_dir=str(tmp_path / "single"), per_device_train_batch_size=per_device, **COMMON)
+    args.per_device_eval_batch_size = eval_rows or args.per_device_eval_batch_size
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as each rank
     try:
-        return tiny.trained_llama(args, attn, side)
+        return tiny.trained_llama(args, attn, side, eval_rows)
     finally:
         torch.set_num_threads(threads)
 
@@ -56,7 +58,8 @@ def assert_same_training(split: dict, single: dict) -> None:
 def test_sequences_split_over_4_and_2_ranks_train_as_one_process(tmp_path):
     """4 ranks: one group of 4 (sdpa, grouped heads, left padding, lengths 4 does not divide); then 2 groups of 2,
     data parallel over the groups (eager attention, right padding: the one process pads its 4 rows together),
-    under DDP, FSDP2 and fast_ddp."""
+    under DDP, FSDP2 and fast_ddp. Evaluation is not split: the eval_loss is the one process's, not 2x it. A trainer with a compute_loss_func is
+    refused in one line."""
     runs = {
         "cp4": run(tmp_path, "cp4", "sdpa", "left", per_device_train_batch_size=2, context_parallel_size=4),
         "cp2": run(tmp_path, "cp2", "eager", "right", per_device_train_batch_size=2, context_parallel_size=2),
@@ -65,14 +68,23 @@ def test_sequences_split_over_4_and_2_ranks_train_as_one_process(tmp_path):
     runs["cp2_fsdp"]["args"]["fsdp"] = "full_shard"
     runs["cp2_fast"] = run(tmp_path, "fast", "sdpa", "right", per_device_train_batch_size=2, context_parallel_size=2)
     runs["cp2_fast"]["args"]["distribution_strategy"] = "fast_ddp"
+    runs["refused"] = run(tmp_path, "refused", "sdpa", "right", context_parallel_size=2) | dict(compute_loss_func=True)
+    runs["cp2"] |= dict(eval_rows=8)
+    runs["cp2"]["args"]["per_device_eval_batch_size"] = 2  # one step of the 4 ranks' own 2 rows
     split = launch(tmp_path, 4, runs)
     assert_same_training(split["cp4"], single_process(tmp_path, "sdpa", "left", per_device=2))
-    assert_same_training(split["cp2"], single_process(tmp_path, "eager", "right", per_device=4))
+    single = single_process(tmp_path, "eager", "right", per_device=4, eval_rows=8)
+    assert_same_training(split["cp2"], single)
+    assert split["cp2"]["eval_loss"] == pytest.approx(single["eval_loss"], rel=1e-5)
     assert split["cp2_fsdp"]["fsdp"] and not split["cp2"]["fsdp"]  # FSDP2's averaging, DDP's, fast_ddp's
     single = single_process(tmp_path, "sdpa", "right", per_device=4)
     assert_same_training(split["cp2_fsdp"], single)
     assert_same_training(split["cp2_fast"], single)
     assert split["cp4"]["losses"] != split["cp2"]["losses"]  # two different trainings, each matched
+    assert split["refused"]["refused"] == (
+        "--context_parallel_size 2 cannot be combined with a compute_loss_func (it would read the slice's own "
+        "labels); drop one."
+    )
 
 
 def test_gaudi_fused_sdpa_is_the_local_kernel_on_the_simulated_gaudi(tmp_path):
@@ -97,6 +109,7 @@ def test_combinations_that_cannot_split_are_one_line(monkeypatch, tmp_path):
         (dict(attn_implementation="flash_attention_2"), "runs attention with sdpa, eager or gaudi_fused_sdpa, not"),
         (dict(torch_compile=True), "cannot be combined with --torch_compile"),
         (dict(use_hpu_graphs_for_training=True), "cannot be combined with --use_hpu_graphs_for_training"),
+        (dict(label_smoothing_factor=0.1), "cannot be combined with --label_smoothing_factor (it reads the slice's"),
     ]:
         for name, value in {"context_parallel_size": 2, **given}.items():
             monkeypatch.setattr(args, name, value)
@@ -109,17 +122,37 @@ def test_combinations_that_cannot_split_are_one_line(monkeypatch, tmp_path):
 def test_a_model_whose_heads_or_attention_cannot_split_is_one_line():
     from optimum_gaudi.distributed.sequence_parallel import model_problem
 
-    config = tiny.llama_8_heads().config  # 8 query, 4 key/value heads, sdpa
-    assert model_problem(config, 4) is None
-    assert model_problem(config, 8) == (
+    model = tiny.llama_8_heads()  # 8 query, 4 key/value heads, sdpa
+    assert model_problem(model, 4) is None
+    assert model_problem(model, 8) == (
         "--context_parallel_size 8 gives each process 1/8 of the attention heads: the model has 8 query and 4 "
         "key/value heads; choose a size that divides both."
     )
-    config.sliding_window = 8
-    assert "sliding window" in model_problem(config, 2)
-    config.sliding_window = None
-    config._attn_implementation = "flash_attention_2"
-    assert "the model uses flash_attention_2" in model_problem(config, 2)
+    model.config.sliding_window = 8
+    assert "sliding window" in model_problem(model, 2)
+    model.config.sliding_window = None
+    model.config._attn_implementation = "flash_attention_2"
+    assert "the model uses flash_attention_2" in model_problem(model, 2)
+
+
+def test_an_encoder_is_refused_in_one_line():
+    """A bidirectional model would get a causal mask over the whole sequence: refused where the model is wrapped."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    from optimum_gaudi.distributed.sequence_parallel import SequenceParallel
+    from optimum_gaudi.errors import UserError
+
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=8)
+    bert = BertForMaskedLM(BertConfig(vocab_size=tiny.VOCAB, max_position_embeddings=64, **sizes))
+    split = object.__new__(SequenceParallel)  # its hooks without process groups
+    split.size = 2
+    with pytest.raises(UserError) as refused:
+        split.use(bert)
+    assert str(refused.value) == (
+        "--context_parallel_size 2 splits causal (decoder) models only; this model has bidirectional attention "
+        "(an encoder)."
+    )
+    assert bert.config._attn_implementation != "gaudi_sequence_parallel"  # left as it was
 
 
 def test_transformers_parallelism_config_that_disagrees_is_one_line(tmp_path):

@@ -87,9 +87,9 @@ def pad_rows(rows: list[dict], side: str = "right") -> dict:
     return {k: torch.tensor(v) for k, v in batch.items()}
 
 
-def trained_llama(args, attn_implementation: str = "sdpa", padding_side: str = "right") -> dict:
+def trained_llama(args, attn_implementation: str = "sdpa", padding_side: str = "right", eval_rows: int = 0) -> dict:
     """Train the tiny Llama on ``padded_lm_data`` with ``args`` (a GaudiTrainingArguments); rank 0's view of
-    the run: per-step losses and the trained parameters."""
+    the run: per-step losses and the trained parameters, then the eval_loss on ``eval_rows`` rows if any."""
     from optimum_gaudi import GaudiTrainer
 
     model = llama_8_heads()
@@ -98,6 +98,7 @@ def trained_llama(args, attn_implementation: str = "sdpa", padding_side: str = "
         model=model,
         args=args,
         train_dataset=padded_lm_data(),
+        eval_dataset=padded_lm_data(eval_rows) if eval_rows else None,
         data_collator=lambda rows: pad_rows(rows, padding_side),
     )
     trained = losses(trainer)
@@ -110,4 +111,5 @@ def trained_llama(args, attn_implementation: str = "sdpa", padding_side: str = "
         "parameters": parameters.tolist(),
         "logged_batch": batch,
         "fsdp": trainer.is_fsdp_enabled,
+        "eval_loss": trainer.evaluate()["eval_loss"] if eval_rows else None,
     }

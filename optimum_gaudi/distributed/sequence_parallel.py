@@ -15,7 +15,7 @@ over the whole sequence before the split (transformers' ``shift_labels``), posit
 attention mask is built once over the whole sequence from the full padding mask and positions, as the model
 would build it, and ``num_items_in_batch`` is counted on the full batch. A length that N does not divide is padded at
 the end with tokens nothing attends to (causal) and no label. Evaluation is not split: each rank evaluates its
-own batches whole.
+own batches whole, and ``get_cp_size()`` is 1 there, so its token count is not divided.
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ def argument_problem(args: Any, world_size: int) -> str | None:
         return f"{flag} and transformers' parallelism_config split the sequences differently; give one of them."
     if args.attn_implementation is not None and args.attn_implementation not in LOCAL_KERNELS:
         return f"{flag} runs attention with sdpa, eager or gaudi_fused_sdpa, not {args.attn_implementation}."
+    if args.label_smoothing_factor:
+        return f"{flag} cannot be combined with --label_smoothing_factor (it reads the slice's own labels); drop one."
     for given, name in ((args.torch_compile, "--torch_compile"), (args.use_hpu_graphs_for_training, "--use_hpu_graphs_for_training")):  # fmt: skip
         if given:
             return f"{flag} cannot be combined with {name} yet (its all-to-all runs eagerly); drop one of them."
@@ -76,12 +78,15 @@ def _all_to_all(chunks: torch.Tensor, group: Any) -> torch.Tensor:
     return received
 
 
-def model_problem(config: Any, size: int) -> str | None:
-    """Why this model cannot split its sequences over ``size`` ranks, in one line; None when it can."""
+def model_problem(model: nn.Module, size: int) -> str | None:
+    """Why this transformers model cannot split its sequences over ``size`` ranks, in one line; None when it can."""
     flag = f"--context_parallel_size {size}"
+    config = model.config
     kernel = getattr(config, "_attn_implementation", None) or "eager"
     if kernel not in (*LOCAL_KERNELS, ATTENTION_NAME):
         return f"{flag} runs attention with sdpa, eager or gaudi_fused_sdpa; the model uses {kernel}."
+    if any(getattr(module, "is_causal", None) is False for module in model.modules()):  # BERT's, cross-attention
+        return f"{flag} splits causal (decoder) models only; this model has bidirectional attention (an encoder)."
     sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
     if sliding or (getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)):
         return f"{flag} builds a causal mask over the whole sequence; this model attends through a sliding window."
@@ -204,17 +209,25 @@ class SequenceParallel:
         from transformers.masking_utils import AttentionMaskInterface
 
         base = getattr(model, "get_base_model", lambda: model)()  # a PEFT model's transformers model
-        config = base.config
-        current = getattr(config, "_attn_implementation", None) or "eager"
+        current = getattr(base.config, "_attn_implementation", None) or "eager"
         if current == ATTENTION_NAME:
             return
-        problem = model_problem(config, self.size)
+        problem = model_problem(base, self.size)
         if problem is not None:
             raise UserError(problem)
         _base = current
         AttentionInterface.register(ATTENTION_NAME, sequence_parallel_attention)
         AttentionMaskInterface.register(ATTENTION_NAME, _mask_function)
         base.set_attn_implementation(ATTENTION_NAME)
+
+    def check_loss(self, compute_loss_func: Callable[..., Any] | None) -> None:
+        """The model computes the loss from the labels shifted over the whole sequence; a trainer's own loss
+        function would read the slice's own labels."""
+        if compute_loss_func is not None:
+            raise UserError(
+                f"--context_parallel_size {self.size} cannot be combined with a compute_loss_func (it would read the "
+                "slice's own labels); drop one."
+            )
 
     def share_batches(self, dataloader: Any) -> Any:
         """The ranks of a group read the same batches: accelerate's sharding over world/N data-parallel ranks."""

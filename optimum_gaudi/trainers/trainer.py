@@ -207,6 +207,7 @@ class GaudiTrainerMixin(TrainerShims):
             recipe = parse_fp8_recipe(args.fp8_recipe) if args.fp8_recipe is not None else None
             self._fp8 = self.gaudi_device.fp8_plan(args.minimize_memory, self._compile is not None, recipe)
         self._sequence_parallel: SequenceParallel | None = None  # --context_parallel_size > 1, once distributed
+        self._predicting = False  # inside prediction_step, whose batches are not split
 
         super().__init__(*trainer_args, **trainer_kwargs)
 
@@ -221,6 +222,8 @@ class GaudiTrainerMixin(TrainerShims):
             self.add_callback(AdaLoraBudget())
         self._eval_profiler = EvaluationProfiler.from_training_args(args)
         self._fused_loss = fused_loss.applies(self, GaudiTrainerMixin)
+        if self._sequence_parallel is not None:
+            self._sequence_parallel.check_loss(self.compute_loss_func)
         self._timing_out_of_throughput = False
         if self.is_world_process_zero():
             table = feature_table(self.gaudi_device, args, self.gaudi_config)
@@ -287,8 +290,11 @@ class GaudiTrainerMixin(TrainerShims):
             self._sequence_parallel = SequenceParallel(self.args.context_parallel_size)
 
     def get_cp_size(self) -> int:
-        """The ranks that share a batch (transformers divides the data-parallel world and the token count by it)."""
-        return self._sequence_parallel.size if self._sequence_parallel is not None else super().get_cp_size()
+        """The ranks that share a training batch (transformers divides the data-parallel world and the token count
+        by it); 1 in prediction_step, where each rank evaluates its own batches whole."""
+        if self._sequence_parallel is None:
+            return super().get_cp_size()
+        return 1 if self._predicting else self._sequence_parallel.size
 
     def get_train_dataloader(self) -> Any:
         dataloader = super().get_train_dataloader()
@@ -576,6 +582,8 @@ class GaudiTrainerMixin(TrainerShims):
             if self._compile is not None:
                 stack.enter_context(self._compile.compiler_context())
                 stack.enter_context(self._compilation_log.watch(inputs, self.state.global_step))
+            stack.callback(setattr, self, "_predicting", False)
+            self._predicting = True
             outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **kwargs)
         if self._lazy_mark_step is not None:
             self._lazy_mark_step()  # run the queued evaluation graph before the next batch

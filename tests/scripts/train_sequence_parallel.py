@@ -2,7 +2,8 @@
 run's losses and trained parameters to a JSON file.
 
 `train_sequence_parallel.py OUT.json RUNS.json`: RUNS.json maps a run's name to {"attn": ..., "padding_side": ...,
-"args": {GaudiTrainingArguments keywords}}.
+"args": {GaudiTrainingArguments keywords}, "eval_rows": rows to evaluate on after training (optional)}; a run with
+"compute_loss_func": true only builds the trainer with one and writes {"refused": the UserError's line or None}.
 """
 
 import json
@@ -15,7 +16,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for t
 import tiny  # noqa: E402
 import torch  # noqa: E402
 
-from optimum_gaudi import GaudiTrainingArguments  # noqa: E402
+from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments  # noqa: E402
+from optimum_gaudi.errors import UserError  # noqa: E402
+
+
+def refusal(args: GaudiTrainingArguments) -> str | None:
+    """The line a trainer with a compute_loss_func is refused with, if any."""
+    try:
+        GaudiTrainer(model=tiny.llama_8_heads(), args=args, compute_loss_func=lambda outputs, *_, **__: outputs.loss)
+    except UserError as error:
+        return str(error)
+    return None
 
 
 def main() -> None:
@@ -24,7 +35,10 @@ def main() -> None:
     results = {}
     for name, run in runs.items():
         args = GaudiTrainingArguments(**run["args"])
-        results[name] = tiny.trained_llama(args, run["attn"], run["padding_side"])
+        if run.get("compute_loss_func"):
+            results[name] = {"refused": refusal(args)}
+            continue
+        results[name] = tiny.trained_llama(args, run["attn"], run["padding_side"], run.get("eval_rows", 0))
         results[name]["world_size"] = args.world_size
         if "habana_frameworks" in sys.modules:  # the simulated Gaudi: what its kernels and collectives saw
             import habana_frameworks
