@@ -1,4 +1,4 @@
-"""fast_ddp against DDP and a single process, on 2 CPU processes over gloo (torchrun)."""
+"""fast_ddp against DDP and a single process, on 2 CPU processes over gloo (torchrun); FSDP: tests/test_fsdp.py."""
 
 import json
 import os
@@ -92,10 +92,3 @@ def test_a_changing_set_of_gradients_is_a_clear_error(one_process_group):
     b.grad = None
     with pytest.raises(FastDDPError, match="1 parameters have gradients this step, 2 had them"):
         reduce()
-
-
-def test_fsdp_passes_through_on_cpu_with_gloo(tmp_path):
-    fsdp = train(tmp_path, "fsdp", 2, "--per_device_train_batch_size", "4", "--fsdp", "full_shard")
-    single = train(tmp_path, "single", 1, "--per_device_train_batch_size", "8")
-    assert fsdp["world_size"] == 2 and len(fsdp["losses"]) == 6
-    assert fsdp["losses"] == pytest.approx(single["losses"], abs=2e-3)
