@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .host_group import host_group
+
 # The safetensors dtype names (https://github.com/huggingface/safetensors, the file format's "dtype" field).
 _SAFETENSORS_DTYPES = {
     torch.float64: "F64",
@@ -66,12 +68,13 @@ def _rank0_writes_alone(is_main_process: bool) -> bool:
     import torch.distributed as dist
 
     flags = torch.tensor([int(is_main_process), int(is_main_process and dist.get_rank() == 0)])
-    dist.all_reduce(flags)
+    dist.all_reduce(flags, group=host_group())
     return flags.tolist() == [1, 1]
 
 
 def _pieces(tensor: torch.Tensor, is_main_process: bool, rank0_alone: bool) -> Iterator[torch.Tensor]:
-    """The tensor as consecutive row blocks, yielded on the writing ranks; a collective every rank runs in turn."""
+    """The tensor as consecutive row blocks, yielded on the writing ranks; a collective every rank runs in turn.
+    The rows travel between host memories, over the gloo group (the accelerator's backend takes no CPU tensor)."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor, Shard
 
@@ -92,14 +95,14 @@ def _pieces(tensor: torch.Tensor, is_main_process: bool, rank0_alone: bool) -> I
     local = tensor.to_local().detach().to("cpu").contiguous()
     if not is_main_process:
         if local.shape[0]:
-            dist.send(local, dst=0)
+            dist.send(local, dst=0, group=host_group())
         return
     yield local
     for index, source in enumerate(ranks[1:], start=1):
         count = max(0, min(per, rows - index * per))
         if count:
             piece = torch.empty((count, *tensor.shape[1:]), dtype=tensor.dtype)
-            dist.recv(piece, src=source)
+            dist.recv(piece, src=source, group=host_group())
             yield piece
             del piece  # before the next one is received
 
