@@ -87,7 +87,8 @@ def weight_names(folder: Path) -> set[str]:
 
 def check_plain_checkpoints(out: Path, report: dict, trained: str, split: str) -> None:
     """``trained`` is what save_model wrote, ``split`` the same model in several files: both load in plain
-    transformers with the trained weights and tied embeddings (saved once, as transformers saves them)."""
+    transformers with the trained weights and tied embeddings (saved once, as transformers saves them), and no
+    weight file of the untrained model saved there before in the other layout is left."""
     for name in (trained, split):
         assert report[name] == {"tied": True, "equal": True}, name
         assert weight_names(out / name) and not any(n.startswith("lm_head") for n in weight_names(out / name))
@@ -95,9 +96,10 @@ def check_plain_checkpoints(out: Path, report: dict, trained: str, split: str) -
         assert config["architectures"][0] in ("LlamaForCausalLM", "GPT2LMHeadModel")  # not fully_shard's class
     written = {p.name for p in (out / trained).iterdir()}
     assert {"model.safetensors", "generation_config.json", "training_args.bin", "gaudi_config.json"} <= written
+    assert not any(n.startswith("model-") or n.endswith(".index.json") for n in written)  # the stale split save's
     index = json.loads((out / split / "model.safetensors.index.json").read_text())
     files = set(index["weight_map"].values())
-    assert len(files) > 1 and files == {p.name for p in (out / split).glob("model-*.safetensors")}
+    assert len(files) > 1 and files == {p.name for p in (out / split).glob("model*.safetensors")}  # stale one gone
     assert set(index["weight_map"]) == weight_names(out / split)
 
 

@@ -168,7 +168,7 @@ def save_pretrained(
     if is_main_process:
         os.makedirs(output_dir, exist_ok=True)
         _save_config(model, output_dir)
-        _remove_stale_shards(output_dir, set(split.filename_to_tensors))
+        _remove_stale_weights(output_dir, set(split.filename_to_tensors))
     rank0_alone = _rank0_writes_alone(is_main_process)
     for filename, names in split.filename_to_tensors.items():
         pieces = ((name, _pieces(local[name], is_main_process, rank0_alone)) for name in names)
@@ -210,9 +210,16 @@ def _save_config(model: nn.Module, output_dir: str) -> None:
         model.generation_config.save_pretrained(output_dir)
 
 
-def _remove_stale_shards(output_dir: str, keep: set[str]) -> None:
-    """Shard files of an earlier save that this one does not replace (as ``save_pretrained`` removes them)."""
-    stale = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+def _remove_stale_weights(output_dir: str, keep: set[str]) -> None:
+    """The weight files of an earlier save that this one does not replace, of either layout: ``from_pretrained``
+    loads a ``model.safetensors`` before an index, so one left beside a new split save would be loaded instead of
+    it (``save_pretrained`` removes stale shard files only)."""
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+
+    patterns = [r"model-\d{5}-of-\d{5}\.safetensors", re.escape(SAFE_WEIGHTS_NAME)]
+    if keep == {SAFE_WEIGHTS_NAME}:  # one file now: an index left would name files that are gone
+        patterns.append(re.escape(SAFE_WEIGHTS_INDEX_NAME))
+    stale = re.compile("|".join(patterns))
     for name in os.listdir(output_dir):
         if stale.fullmatch(name) and name not in keep:
             os.remove(os.path.join(output_dir, name))

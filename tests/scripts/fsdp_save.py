@@ -4,6 +4,7 @@
 checkpoint at step 2, then a second trainer resumes from that checkpoint; with SHARDED_STATE_DICT a tiny GPT-2
 trains, then a LoRA GPT-2. Each trained model is saved by ``save_model`` (and once more split into several files);
 rank 0 writes the trained weights (``expected_*.pt``) and the losses (``result.json``) for the test to compare.
+Each folder first holds the untrained model in the other layout (one file / split), stale files the save replaces.
 """
 
 import json
@@ -39,12 +40,16 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def train_and_save(out: Path, name: str, model, args, resume=None) -> list[float]:
+    plain = not full_weights.is_peft(model)
+    rank0 = int(os.environ["RANK"]) == 0
+    if plain:  # the untrained weights where the trained ones go, in the other layout: stale files to replace
+        model.save_pretrained(str(out / name), is_main_process=rank0, max_shard_size="8KB")
+        model.save_pretrained(str(out / f"{name}_split"), is_main_process=rank0)
     trainer = GaudiTrainer(model=model, args=args, train_dataset=tiny.lm_data())
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(str(out / name))
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
-    if not full_weights.is_peft(unwrapped):  # the same model once more, in several files
-        rank0 = trainer.is_world_process_zero()
+    if plain:  # the same model once more, in several files
         full_weights.save_pretrained(unwrapped, str(out / f"{name}_split"), is_main_process=rank0, max_shard_size="8KB")
     state = full_state(unwrapped)
     if trainer.is_world_process_zero():
