@@ -114,6 +114,15 @@ def test_full_state_dict_saves_a_plain_checkpoint_and_resumes_from_its_checkpoin
     assert report["resumed"] == {"tied": True, "equal": True}
 
 
+def test_a_model_whose_weights_are_converted_on_save_is_refused_when_the_trainer_is_built(full):
+    """transformers 5 saves a Mixtral's experts in another layout than it trains them: the FSDP save cannot, and
+    says so before the run, not after it."""
+    _, losses, _ = full
+    message = losses["mixtral"]
+    assert message.startswith("--fsdp cannot save a MixtralForCausalLM: ") and "\n" not in message
+    assert message.endswith("train it without --fsdp, or train LoRA adapters of it.")
+
+
 def test_sharded_state_dict_saves_a_plain_checkpoint_and_lora_adapters(sharded):
     out, _, report = sharded
     check_plain_checkpoints(out, report, "gpt2", "gpt2_split")

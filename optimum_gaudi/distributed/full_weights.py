@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import UserError
 from .host_group import host_group
 
 # The safetensors dtype names (https://github.com/huggingface/safetensors, the file format's "dtype" field).
@@ -146,7 +147,6 @@ def save_pretrained(
     ``state_filter`` drops entries of the state dict that are not to be saved (the trainer's fp8 scaling state).
     """
     from huggingface_hub import split_torch_state_dict_into_shards
-    from transformers.modeling_utils import remove_tied_weights_from_state_dict
     from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
     local = model.state_dict()
@@ -154,14 +154,8 @@ def save_pretrained(
         local = state_filter(local)
     for ignored in model._keys_to_ignore_on_save or ():
         local.pop(ignored, None)
-    # Shapes only: transformers finds tied weights of meta tensors by their parameters, touching no shard.
-    specs = {name: torch.empty(t.shape, dtype=t.dtype, device="meta") for name, t in local.items()}
-    specs = remove_tied_weights_from_state_dict(specs, model)
-    if _saved_names(model, specs) != specs.keys():
-        raise NotImplementedError(
-            f"{type(model).__name__} saves its weights under other names than it trains them (a weight conversion);"
-            " saving it from FSDP2 is not supported yet: use SHARDED_STATE_DICT checkpoints."
-        )
+    specs = _specs(model, local)
+    check_saves(model, specs)
     pattern = SAFE_WEIGHTS_NAME.replace(".safetensors", "{suffix}.safetensors")
     split = split_torch_state_dict_into_shards(specs, filename_pattern=pattern, max_shard_size=max_shard_size)
 
@@ -185,6 +179,34 @@ def save_pretrained(
         }
         with open(os.path.join(output_dir, SAFE_WEIGHTS_INDEX_NAME), "w", encoding="utf-8") as f:
             f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+class WeightConversionError(UserError, NotImplementedError):
+    """A model that transformers saves under other weight names than it trains them, under FSDP2."""
+
+
+def check_saves(model: nn.Module, specs: dict[str, torch.Tensor] | None = None) -> None:
+    """Raise :class:`WeightConversionError` where ``save_pretrained`` here cannot write this model (transformers 5
+    converts some models' weights back to their checkpoint layout when it saves them, as Mixtral's experts): the
+    trainer asks as it is built, on the names alone, before a run that could not save its result."""
+    if not saves(model) or is_peft(model):  # adapters keep their names
+        return
+    specs = _specs(model, model.state_dict()) if specs is None else specs
+    if _saved_names(model, specs) != specs.keys():
+        raise WeightConversionError(
+            f"--fsdp cannot save a {type(model).__name__.removeprefix('FSDP')}: transformers saves its weights"
+            " converted to another layout (a weight conversion), which the FSDP save does not do yet;"
+            " train it without --fsdp, or train LoRA adapters of it."
+        )
+
+
+def _specs(model: nn.Module, local: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The state dict's shapes as meta tensors, less the tied weights ``save_pretrained`` drops: transformers finds
+    tied weights of meta tensors by their parameters, touching no shard."""
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    specs = {name: torch.empty(t.shape, dtype=t.dtype, device="meta") for name, t in local.items()}
+    return remove_tied_weights_from_state_dict(specs, model)
 
 
 def _saved_names(model: nn.Module, specs: dict[str, torch.Tensor]) -> set[str]:

@@ -279,6 +279,7 @@ class GaudiTrainerMixin(TrainerShims):
             self.is_fsdp_enabled = True
             check_fsdp_arguments(self.accelerator, self.args)
         if self.is_fsdp_enabled:
+            full_weights.check_saves(self.model)  # now, not after the run, at its final save_model
             wrap_this_models_layers(self.accelerator.state.fsdp_plugin, self.model)
             if self._autocast is not None:
                 gather_in_bf16(self.accelerator.state.fsdp_plugin)
