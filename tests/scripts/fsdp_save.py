@@ -2,7 +2,7 @@
 
 `fsdp_save.py OUT STATE_DICT_TYPE`: with FULL_STATE_DICT a tiny Llama with tied embeddings trains 4 steps with a
 checkpoint at step 2, then a second trainer resumes from that checkpoint; with SHARDED_STATE_DICT a tiny GPT-2
-trains, then a LoRA GPT-2. Each trained model is saved by ``save_model`` (and once more split into several files);
+(compiled whole) trains, then a LoRA GPT-2. Each trained model is saved by ``save_model`` (and once more split into several files);
 rank 0 writes the trained weights (``expected_*.pt``) and the losses (``result.json``) for the test to compare.
 A Mixtral's trainer is refused as it is built (its save would fail).
 Each folder first holds the untrained model in the other layout (one file / split), stale files the save replaces.
@@ -49,8 +49,10 @@ def train_and_save(out: Path, name: str, model, args, resume=None) -> list[float
         model.save_pretrained(str(out / f"{name}_split"), is_main_process=rank0)
     trainer = GaudiTrainer(model=model, args=args, train_dataset=tiny.lm_data())
     trainer.train(resume_from_checkpoint=resume)
+    if name == "gpt2":
+        assert isinstance(trainer.model, torch._dynamo.eval_frame.OptimizedModule), type(trainer.model)
     trainer.save_model(str(out / name))
-    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model, keep_torch_compile=False)
     if plain:  # the same model once more, in several files
         full_weights.save_pretrained(unwrapped, str(out / f"{name}_split"), is_main_process=rank0, max_shard_size="8KB")
     state = full_state(unwrapped)
@@ -84,7 +86,8 @@ def main() -> None:
     else:
         from peft import LoraConfig, get_peft_model
 
-        args = arguments(out / "run", state_dict_type, "GPT2Block", max_steps=2)
+        compiled = dict(torch_compile=True, torch_compile_backend="eager")  # whole: save_model sees through it
+        args = arguments(out / "run", state_dict_type, "GPT2Block", max_steps=2, **compiled)
         result["whole"] = train_and_save(out, "gpt2", tiny.gpt2(**tiny.NO_DROPOUT), args)
         lora = get_peft_model(tiny.gpt2(**tiny.NO_DROPOUT), LoraConfig(r=4, target_modules=["c_attn"]))
         args = arguments(out / "lora_run", state_dict_type, "GPT2Block", max_steps=2)
