@@ -117,6 +117,7 @@ def test_full_state_dict_saves_a_plain_checkpoint_and_resumes_from_its_checkpoin
 def test_a_model_whose_weights_are_converted_on_save_is_refused_when_the_trainer_is_built(full):
     """transformers 5 saves a Mixtral's experts in another layout than it trains them: the FSDP save cannot, and
     says so before the run, not after it."""
+    pytest.importorskip("transformers.core_model_loading", reason="transformers 4 saves every weight as it trains it")
     _, losses, _ = full
     message = losses["mixtral"]
     assert message.startswith("--fsdp cannot save a MixtralForCausalLM: ") and "\n" not in message

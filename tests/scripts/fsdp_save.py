@@ -1,11 +1,11 @@
 """Train tiny models under FSDP2 on CPU processes and save them, for tests/test_full_weights.py (under torchrun).
 
 `fsdp_save.py OUT STATE_DICT_TYPE`: with FULL_STATE_DICT a tiny Llama with tied embeddings trains 4 steps with a
-checkpoint at step 2, then a second trainer resumes from that checkpoint; with SHARDED_STATE_DICT a tiny GPT-2
-(compiled whole) trains, then a LoRA GPT-2. Each trained model is saved by ``save_model`` (and once more split into several files);
-rank 0 writes the trained weights (``expected_*.pt``) and the losses (``result.json``) for the test to compare.
-A Mixtral's trainer is refused as it is built (its save would fail).
-Each folder first holds the untrained model in the other layout (one file / split), stale files the save replaces.
+checkpoint at step 2, then a second trainer resumes from that checkpoint, and a Mixtral's trainer is refused as it
+is built (its save would fail); with SHARDED_STATE_DICT a tiny GPT-2 (compiled whole) trains, then a LoRA GPT-2.
+Each trained model is saved by ``save_model`` (and once more split into several files), each folder first holding
+the untrained model in the other layout (one file / split): stale files the save replaces. Rank 0 writes the
+trained weights (``expected_*.pt``) and the losses (``result.json``) for the test to compare.
 """
 
 import json
