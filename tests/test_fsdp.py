@@ -92,7 +92,8 @@ def test_fsdp_with_each_gaudi_feature_trains_as_ddp_and_one_process(tmp_path):
 def test_fsdp_on_two_simulated_gaudis_saves_sharded_checkpoints_and_resumes(tmp_path):
     """Gaudi software 1.21 (eager), 'hccl' on hpu tensors: the Llama trains with the fused-AdamW, fused-clip and
     autocast config (the bridge's FusedAdamW takes no DTensor: torch's AdamW), saves SHARDED_STATE_DICT
-    checkpoints, and a run resumed from step 2 trains steps 3 and 4 to the uninterrupted run's losses."""
+    checkpoints, and a run resumed from step 2 trains steps 3 and 4 to the uninterrupted run's losses; its
+    ``save_model`` writes the folder plain transformers loads, with the trained weights."""
     path = os.pathsep.join(filter(None, [FAKES, os.environ.get("PYTHONPATH")]))
     env = {"PYTHONPATH": path, "FAKE_HPU_DEVICE": "1", "FAKE_HPU_DEVICE_COUNT": "2", "FAKE_HPU_SOFTWARE": "1.21"}
     ranks = torchrun(tmp_path, "resume", [], **env)
@@ -108,6 +109,8 @@ def test_fsdp_on_two_simulated_gaudis_saves_sharded_checkpoints_and_resumes(tmp_
     files = ranks[0]["checkpoint"]
     for part in ("pytorch_model_fsdp_0", "optimizer_0"):  # one shard per rank
         assert {f"{part}/__0_0.distcp", f"{part}/__1_0.distcp", f"{part}/.metadata"} <= set(files)
+    final = ranks[0]["final"]  # save_model's rows went to rank 0 over gloo, beside hccl
+    assert {"model.safetensors", "config.json", "gaudi_config.json"} <= set(final["files"]) and final["equal"] is True
 
 
 # ---- what optimum-habana's users pass -------------------------------------------------------------------------

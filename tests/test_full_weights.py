@@ -87,7 +87,8 @@ def weight_names(folder: Path) -> set[str]:
 
 def check_plain_checkpoints(out: Path, report: dict, trained: str, split: str) -> None:
     """``trained`` is what save_model wrote, ``split`` the same model in several files: both load in plain
-    transformers with the trained weights and tied embeddings (saved once, as transformers saves them)."""
+    transformers with the trained weights and tied embeddings (saved once, as transformers saves them), and no
+    weight file of the untrained model saved there before in the other layout is left."""
     for name in (trained, split):
         assert report[name] == {"tied": True, "equal": True}, name
         assert weight_names(out / name) and not any(n.startswith("lm_head") for n in weight_names(out / name))
@@ -95,9 +96,10 @@ def check_plain_checkpoints(out: Path, report: dict, trained: str, split: str) -
         assert config["architectures"][0] in ("LlamaForCausalLM", "GPT2LMHeadModel")  # not fully_shard's class
     written = {p.name for p in (out / trained).iterdir()}
     assert {"model.safetensors", "generation_config.json", "training_args.bin", "gaudi_config.json"} <= written
+    assert not any(n.startswith("model-") or n.endswith(".index.json") for n in written)  # the stale split save's
     index = json.loads((out / split / "model.safetensors.index.json").read_text())
     files = set(index["weight_map"].values())
-    assert len(files) > 1 and files == {p.name for p in (out / split).glob("model-*.safetensors")}
+    assert len(files) > 1 and files == {p.name for p in (out / split).glob("model*.safetensors")}  # stale one gone
     assert set(index["weight_map"]) == weight_names(out / split)
 
 
@@ -110,6 +112,16 @@ def test_full_state_dict_saves_a_plain_checkpoint_and_resumes_from_its_checkpoin
     whole, resumed = torch.load(out / "expected_llama.pt"), torch.load(out / "expected_resumed.pt")
     assert all(torch.allclose(whole[k], resumed[k], atol=1e-6) for k in whole)
     assert report["resumed"] == {"tied": True, "equal": True}
+
+
+def test_a_model_whose_weights_are_converted_on_save_is_refused_when_the_trainer_is_built(full):
+    """transformers 5 saves a Mixtral's experts in another layout than it trains them: the FSDP save cannot, and
+    says so before the run, not after it."""
+    pytest.importorskip("transformers.core_model_loading", reason="transformers 4 saves every weight as it trains it")
+    _, losses, _ = full
+    message = losses["mixtral"]
+    assert message.startswith("--fsdp cannot save a MixtralForCausalLM: ") and "\n" not in message
+    assert message.endswith("train it without --fsdp, or train LoRA adapters of it.")
 
 
 def test_sharded_state_dict_saves_a_plain_checkpoint_and_lora_adapters(sharded):

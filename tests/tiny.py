@@ -7,7 +7,7 @@ they import these (``sys.path`` holds tests/ under pytest; a script adds it itse
 from __future__ import annotations
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 VOCAB, LENGTH = 100, 16
 NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
@@ -49,6 +49,17 @@ def llama_8_heads(seed: int = 0, **overrides) -> LlamaForCausalLM:
     config = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=8)
     config |= dict(num_key_value_heads=4, max_position_embeddings=64, pad_token_id=0)
     return LlamaForCausalLM(LlamaConfig(**{**config, **overrides}))
+
+
+def mixtral(seed: int = 0) -> PreTrainedModel:
+    """A mixture of experts (1 layer, 2 experts, 1 a token) that transformers 5 saves with its experts converted
+    back to the checkpoint layout."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(seed)
+    config = dict(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    config |= dict(num_key_value_heads=1, num_local_experts=2, num_experts_per_tok=1)
+    return MixtralForCausalLM(MixtralConfig(**config))
 
 
 def padded_lm_data(rows: int = 32, longest: int = LENGTH - 1) -> list[dict]:

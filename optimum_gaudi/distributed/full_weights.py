@@ -23,6 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import UserError
+from .host_group import host_group
+
 # The safetensors dtype names (https://github.com/huggingface/safetensors, the file format's "dtype" field).
 _SAFETENSORS_DTYPES = {
     torch.float64: "F64",
@@ -66,12 +69,13 @@ def _rank0_writes_alone(is_main_process: bool) -> bool:
     import torch.distributed as dist
 
     flags = torch.tensor([int(is_main_process), int(is_main_process and dist.get_rank() == 0)])
-    dist.all_reduce(flags)
+    dist.all_reduce(flags, group=host_group())
     return flags.tolist() == [1, 1]
 
 
 def _pieces(tensor: torch.Tensor, is_main_process: bool, rank0_alone: bool) -> Iterator[torch.Tensor]:
-    """The tensor as consecutive row blocks, yielded on the writing ranks; a collective every rank runs in turn."""
+    """The tensor as consecutive row blocks, yielded on the writing ranks; a collective every rank runs in turn.
+    The rows travel between host memories, over the gloo group (the accelerator's backend takes no CPU tensor)."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor, Shard
 
@@ -92,14 +96,14 @@ def _pieces(tensor: torch.Tensor, is_main_process: bool, rank0_alone: bool) -> I
     local = tensor.to_local().detach().to("cpu").contiguous()
     if not is_main_process:
         if local.shape[0]:
-            dist.send(local, dst=0)
+            dist.send(local, dst=0, group=host_group())
         return
     yield local
     for index, source in enumerate(ranks[1:], start=1):
         count = max(0, min(per, rows - index * per))
         if count:
             piece = torch.empty((count, *tensor.shape[1:]), dtype=tensor.dtype)
-            dist.recv(piece, src=source)
+            dist.recv(piece, src=source, group=host_group())
             yield piece
             del piece  # before the next one is received
 
@@ -143,7 +147,6 @@ def save_pretrained(
     ``state_filter`` drops entries of the state dict that are not to be saved (the trainer's fp8 scaling state).
     """
     from huggingface_hub import split_torch_state_dict_into_shards
-    from transformers.modeling_utils import remove_tied_weights_from_state_dict
     from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
     local = model.state_dict()
@@ -151,21 +154,15 @@ def save_pretrained(
         local = state_filter(local)
     for ignored in model._keys_to_ignore_on_save or ():
         local.pop(ignored, None)
-    # Shapes only: transformers finds tied weights of meta tensors by their parameters, touching no shard.
-    specs = {name: torch.empty(t.shape, dtype=t.dtype, device="meta") for name, t in local.items()}
-    specs = remove_tied_weights_from_state_dict(specs, model)
-    if _saved_names(model, specs) != specs.keys():
-        raise NotImplementedError(
-            f"{type(model).__name__} saves its weights under other names than it trains them (a weight conversion);"
-            " saving it from FSDP2 is not supported yet: use SHARDED_STATE_DICT checkpoints."
-        )
+    specs = _specs(model, local)
+    check_saves(model, specs)
     pattern = SAFE_WEIGHTS_NAME.replace(".safetensors", "{suffix}.safetensors")
     split = split_torch_state_dict_into_shards(specs, filename_pattern=pattern, max_shard_size=max_shard_size)
 
     if is_main_process:
         os.makedirs(output_dir, exist_ok=True)
         _save_config(model, output_dir)
-        _remove_stale_shards(output_dir, set(split.filename_to_tensors))
+        _remove_stale_weights(output_dir, set(split.filename_to_tensors))
     rank0_alone = _rank0_writes_alone(is_main_process)
     for filename, names in split.filename_to_tensors.items():
         pieces = ((name, _pieces(local[name], is_main_process, rank0_alone)) for name in names)
@@ -182,6 +179,34 @@ def save_pretrained(
         }
         with open(os.path.join(output_dir, SAFE_WEIGHTS_INDEX_NAME), "w", encoding="utf-8") as f:
             f.write(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+class WeightConversionError(UserError, NotImplementedError):
+    """A model that transformers saves under other weight names than it trains them, under FSDP2."""
+
+
+def check_saves(model: nn.Module, specs: dict[str, torch.Tensor] | None = None) -> None:
+    """Raise :class:`WeightConversionError` where ``save_pretrained`` here cannot write this model (transformers 5
+    converts some models' weights back to their checkpoint layout when it saves them, as Mixtral's experts): the
+    trainer asks as it is built, on the names alone, before a run that could not save its result."""
+    if not saves(model) or is_peft(model):  # adapters keep their names
+        return
+    specs = _specs(model, model.state_dict()) if specs is None else specs
+    if _saved_names(model, specs) != specs.keys():
+        raise WeightConversionError(
+            f"--fsdp cannot save a {type(model).__name__.removeprefix('FSDP')}: transformers saves its weights"
+            " converted to another layout (a weight conversion), which the FSDP save does not do yet;"
+            " train it without --fsdp, or train LoRA adapters of it."
+        )
+
+
+def _specs(model: nn.Module, local: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The state dict's shapes as meta tensors, less the tied weights ``save_pretrained`` drops: transformers finds
+    tied weights of meta tensors by their parameters, touching no shard."""
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    specs = {name: torch.empty(t.shape, dtype=t.dtype, device="meta") for name, t in local.items()}
+    return remove_tied_weights_from_state_dict(specs, model)
 
 
 def _saved_names(model: nn.Module, specs: dict[str, torch.Tensor]) -> set[str]:
@@ -207,9 +232,16 @@ def _save_config(model: nn.Module, output_dir: str) -> None:
         model.generation_config.save_pretrained(output_dir)
 
 
-def _remove_stale_shards(output_dir: str, keep: set[str]) -> None:
-    """Shard files of an earlier save that this one does not replace (as ``save_pretrained`` removes them)."""
-    stale = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+def _remove_stale_weights(output_dir: str, keep: set[str]) -> None:
+    """The weight files of an earlier save that this one does not replace, of either layout: ``from_pretrained``
+    loads a ``model.safetensors`` before an index, so one left beside a new split save would be loaded instead of
+    it (``save_pretrained`` removes stale shard files only)."""
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+
+    patterns = [r"model-\d{5}-of-\d{5}\.safetensors", re.escape(SAFE_WEIGHTS_NAME)]
+    if keep == {SAFE_WEIGHTS_NAME}:  # one file now: an index left would name files that are gone
+        patterns.append(re.escape(SAFE_WEIGHTS_INDEX_NAME))
+    stale = re.compile("|".join(patterns))
     for name in os.listdir(output_dir):
         if stale.fullmatch(name) and name not in keep:
             os.remove(os.path.join(output_dir, name))

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from ..distributed.host_group import host_group
+
 logger = logging.getLogger(__name__)
 
 EXIT_CODE = 128 + signal.SIGTERM
@@ -109,14 +111,9 @@ class Preemption(TrainerCallback):
 
 
 def _agreement_group(args: Any) -> Any:
-    """The group to agree over: None for one process; the default group when it runs on gloo; otherwise a gloo
-    group of every rank, made now (every rank begins training together, so every rank makes it)."""
-    dist = torch.distributed
-    if args.world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
-        return None
-    if dist.get_backend() == "gloo":
-        return dist.group.WORLD
-    return dist.new_group(backend="gloo")
+    """The group to agree over: None for one process; otherwise the gloo group of every rank (every rank begins
+    training together, so every rank asks for it)."""
+    return host_group() if args.world_size > 1 else None
 
 
 class OutputThatCannotFail:

@@ -47,6 +47,7 @@ from ..distributed.fsdp import (
     shard_where_accelerate_would_not,
     wrap_this_models_layers,
 )
+from ..distributed.host_group import host_group
 from ..distributed.sequence_parallel import SequenceParallel
 from ..features import attention, kernels
 from ..features import linear_cross_entropy as fused_loss
@@ -202,7 +203,6 @@ class GaudiTrainerMixin(TrainerShims):
         self._fp8: Fp8Plan | None = None
         self._fp8_scaling_from: str | None = None  # a resumed checkpoint whose fp8 scaling state is still to load
         self._background_writes = BackgroundWrites()  # --async_save: shards still being written, then the publish
-        self._checkpoint_groups: list[Any] | None = None
         if args.fp8:
             recipe = parse_fp8_recipe(args.fp8_recipe) if args.fp8_recipe is not None else None
             self._fp8 = self.gaudi_device.fp8_plan(args.minimize_memory, self._compile is not None, recipe)
@@ -282,6 +282,7 @@ class GaudiTrainerMixin(TrainerShims):
             self.is_fsdp_enabled = True
             check_fsdp_arguments(self.accelerator, self.args)
         if self.is_fsdp_enabled:
+            full_weights.check_saves(self.model)  # now, not after the run, at its final save_model
             wrap_this_models_layers(self.accelerator.state.fsdp_plugin, self.model)
             if self._autocast is not None:
                 gather_in_bf16(self.accelerator.state.fsdp_plugin)
@@ -726,9 +727,8 @@ class GaudiTrainerMixin(TrainerShims):
         scheduler as transformers saves it."""
         if not (self.args.async_save and self.is_fsdp_enabled):
             return super()._save_optimizer_and_scheduler(output_dir)
-        if self._checkpoint_groups is None:  # a CPU backend each, apart from training's collectives
-            self._checkpoint_groups = [torch.distributed.new_group(backend="gloo") for _ in range(2)]
-        self._background_writes.add(save_sharded_async(self.model, self.optimizer, output_dir, self._checkpoint_groups))
+        groups = [host_group("async_save_model"), host_group("async_save_optimizer")]  # one per writing thread
+        self._background_writes.add(save_sharded_async(self.model, self.optimizer, output_dir, groups))
         if self.args.should_save:
             torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
 
@@ -805,7 +805,7 @@ class GaudiTrainerMixin(TrainerShims):
         the whole model on rank 0 first (FULL_STATE_DICT, which then dies on rank 0's lone collective over gloo)
         or saves no weights at all (SHARDED_STATE_DICT). Checkpoints come here too (``_save_checkpoint``); those
         of SHARDED_STATE_DICT keep only their sharded weights, as transformers writes them."""
-        model = self.accelerator.unwrap_model(self.model)
+        model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
         streamed = self.is_fsdp_enabled and full_weights.is_sharded(model) and full_weights.saves(model)
         if not streamed or (_internal_call and "SHARDED" in str(self.accelerator.state.fsdp_plugin.state_dict_type)):
             return super().save_model(output_dir, _internal_call)

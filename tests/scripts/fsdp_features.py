@@ -96,6 +96,27 @@ class StepsRun(TrainerCallback):
         self.run.append(state.global_step)
 
 
+def final_model(trainer: GaudiTrainer, folder: str) -> dict:
+    """``save_model`` after the run, then the folder loaded by plain transformers (on rank 0) against the trained
+    weights (each rank's rows through a file: the simulator has no functional collectives, as ``full_tensor``'s):
+    its files and whether every tensor is equal."""
+    from transformers import AutoModelForCausalLM
+
+    trainer.save_model(folder)
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    state = trainer.accelerator.unwrap_model(trainer.model).state_dict()
+    torch.save({k: v.to_local().detach().cpu() for k, v in state.items()}, f"{folder}.rows.{rank}")
+    torch.distributed.barrier()
+    files = sorted(os.listdir(folder))
+    if rank != 0:
+        return {"files": files}
+    rows = [torch.load(f"{folder}.rows.{r}") for r in range(world)]
+    trained = {k: torch.cat([part[k] for part in rows]) for k in state}  # FSDP2 shards dim 0 as torch.chunk
+    loaded = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    equal = sorted(loaded) == sorted(trained) and all(torch.equal(loaded[k], trained[k]) for k in trained)
+    return {"files": files, "equal": equal}
+
+
 def resume(out_dir: str) -> dict:
     """4 steps saving SHARDED_STATE_DICT checkpoints every 2, then the last 2 again from checkpoint-2."""
     with open(HABANA_FSDP_CONFIG, encoding="utf-8") as f:
@@ -113,6 +134,8 @@ def resume(out_dir: str) -> dict:
         steps = StepsRun()
         trainer.add_callback(steps)
         trainer.train(resume_from_checkpoint=checkpoint)
+        if checkpoint is None:
+            runs["final"] = final_model(trainer, os.path.join(out_dir, "final"))
         logs = [h for h in trainer.state.log_history if "loss" in h]
         runs[name] = {
             "steps_run": steps.run,
