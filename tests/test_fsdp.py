@@ -188,3 +188,16 @@ def test_what_transformers_checks_once_fsdp_is_on_is_one_line_for_cpu_processes_
     with pytest.raises(FsdpConfigError, match=message) as caught:
         check_fsdp_arguments(accelerator, args)
     assert "\n" not in str(caught.value)
+
+
+def test_fp8_layers_fsdp_does_not_shard_are_one_line():
+    """The Gaudi's fp8 (the Transformer Engine's te.Linear) under FSDP is refused when the trainer is built; torchao's
+    Float8Linear, tested above against DDP, passes."""
+    from optimum_gaudi.devices.base import Fp8Plan
+    from optimum_gaudi.distributed.fsdp import check_fp8_under_fsdp
+
+    check_fp8_under_fsdp(None)
+    check_fp8_under_fsdp(Fp8Plan("torchao Float8Linear", lambda model, layers: None))
+    with pytest.raises(FsdpConfigError, match=r"^--fp8 with --fsdp: te.Linear layers are not sharded") as caught:
+        check_fp8_under_fsdp(Fp8Plan("te.Linear", lambda model, layers: None, shards_with_fsdp=False))
+    assert "\n" not in str(caught.value)

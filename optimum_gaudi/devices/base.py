@@ -53,6 +53,8 @@ class Fp8Plan:
     autocast: Callable[[], contextlib.AbstractContextManager] | None = None
     # With activation checkpointing: what marks the function a checkpointed layer runs (forward, then recompute)
     checkpointed: Callable[[Callable], Callable] | None = None
+    # Whether FSDP2 shards the converted layers (torchao's Float8Linear: tested; the Transformer Engine's: not)
+    shards_with_fsdp: bool = True
 
 
 class Device:

@@ -164,3 +164,10 @@ def check_fsdp_arguments(accelerator: Any, args: Any) -> None:
         raise FsdpConfigError(
             '--save_only_model needs whole weights: set the fsdp_config state_dict_type to "FULL_STATE_DICT".'
         )
+
+
+def check_fp8_under_fsdp(plan: Any) -> None:
+    """``--fp8`` under FSDP where the device's fp8 layers are not known to shard (the Transformer Engine's): one
+    line when the trainer is built, before the model is loaded into FSDP."""
+    if plan is not None and not plan.shards_with_fsdp:
+        raise FsdpConfigError(f"--fp8 with --fsdp: {plan.name} layers are not sharded by FSDP here; drop one of them.")

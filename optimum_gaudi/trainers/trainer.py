@@ -42,6 +42,7 @@ from ..devices.base import Fp8Plan
 from ..distributed import full_weights
 from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from ..distributed.fsdp import (
+    check_fp8_under_fsdp,
     check_fsdp_arguments,
     gather_in_bf16,
     shard_where_accelerate_would_not,
@@ -282,6 +283,7 @@ class GaudiTrainerMixin(TrainerShims):
             self.is_fsdp_enabled = True
             check_fsdp_arguments(self.accelerator, self.args)
         if self.is_fsdp_enabled:
+            check_fp8_under_fsdp(self._fp8)
             full_weights.check_saves(self.model)  # now, not after the run, at its final save_model
             wrap_this_models_layers(self.accelerator.state.fsdp_plugin, self.model)
             if self._autocast is not None:
