@@ -35,10 +35,10 @@ MANIFEST_NAME = "checkpoint_manifest.json"
 TRAINER_STATE_NAME = "trainer_state.json"
 STAGING_PREFIX = ".staging-"
 _CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
-_STAGING_NAME = re.compile(rf"^{re.escape(STAGING_PREFIX)}(replaced-)?{PREFIX_CHECKPOINT_DIR}-\d+$")  # as we name them
+STAGING_NAME = re.compile(rf"^{re.escape(STAGING_PREFIX)}(replaced-)?{PREFIX_CHECKPOINT_DIR}-\d+$")  # as we name them
 # Model weights as transformers, PEFT, FSDP and DeepSpeed write them (any one is enough); the files in the order
 # Trainer._load_from_checkpoint looks for them.
-_WEIGHT_FILES = (
+WEIGHT_FILES = (
     "model.safetensors",
     "pytorch_model.bin",
     "adapter_model.safetensors",
@@ -253,7 +253,7 @@ def checkpoint_problem(path: str | os.PathLike) -> str | None:
         TrainerState.load_from_json(str(directory / TRAINER_STATE_NAME))
     except Exception as e:  # invalid JSON, unknown keys, wrong types: anything means unusable
         return f"{TRAINER_STATE_NAME} is not a trainer state ({type(e).__name__})"
-    has_weights = any((directory / name).is_file() for name in _WEIGHT_FILES) or any(
+    has_weights = any((directory / name).is_file() for name in WEIGHT_FILES) or any(
         any(directory.glob(pattern)) for pattern in _WEIGHT_PATTERNS
     )
     if not has_weights:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .complete import _WEIGHT_FILES, CheckpointError, safetensors_shapes
+from .complete import WEIGHT_FILES, CheckpointError, safetensors_shapes
 from .sharded import sharded_model_folder, sharded_shapes
 
 
@@ -28,7 +28,7 @@ def saved_weights(checkpoint: str | os.PathLike) -> tuple[str, dict[str, list[in
     """(the weight file resuming loads, tensor name -> shape of all it holds, shards included; for FSDP's sharded
     weights their DCP folder and the global shapes); None for weights only DeepSpeed or FSDP's other formats read."""
     directory = Path(checkpoint)
-    name = next((n for n in _WEIGHT_FILES if (directory / n).is_file()), None)
+    name = next((n for n in WEIGHT_FILES if (directory / n).is_file()), None)
     if name is None:
         folder = sharded_model_folder(directory)
         return (f"{folder.name}/", sharded_shapes(folder)) if folder is not None else None

@@ -13,7 +13,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from ..errors import UserError
-from .complete import _WEIGHT_FILES, TRAINER_STATE_NAME, _span, list_checkpoints
+from .complete import TRAINER_STATE_NAME, WEIGHT_FILES, _span, list_checkpoints
 from .disk import MIN_FREE_BYTES, _nearest_existing
 from .publish import remove_staging_leftovers
 from .resume import restart_count, resume_arg
@@ -61,7 +61,7 @@ def check_output_dir(args: Any) -> None:
             "--resume_from_checkpoint true to continue it, or --overwrite_output_dir to start over (its checkpoints "
             "are deleted)."
         )
-    model = [name for name in (TRAINER_STATE_NAME, *_WEIGHT_FILES) if (out / name).is_file()]
+    model = [name for name in (TRAINER_STATE_NAME, *WEIGHT_FILES) if (out / name).is_file()]
     if model:
         raise UserError(
             f"--output_dir {out} already holds a trained model ({', '.join(model)}): choose another --output_dir, "

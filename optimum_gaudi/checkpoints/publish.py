@@ -25,8 +25,8 @@ from typing import Any
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .complete import (
-    _STAGING_NAME,
     MANIFEST_NAME,
+    STAGING_NAME,
     STAGING_PREFIX,
     TRAINER_STATE_NAME,
     checkpoint_problem,
@@ -66,7 +66,7 @@ def remove_staging_leftovers(run_dir: str | os.PathLike) -> None:
     directory = Path(run_dir)
     if directory.is_dir():
         for leftover in directory.iterdir():
-            if _STAGING_NAME.match(leftover.name) and leftover.is_dir():
+            if STAGING_NAME.match(leftover.name) and leftover.is_dir():
                 shutil.rmtree(leftover, ignore_errors=True)
 
 
