@@ -36,7 +36,7 @@ def torchrun(tmp_path, modes: str, cases: list[str], **env) -> dict[int, dict]:
     command += ["--master_port", str(free_port()), str(SCRIPT), str(out), modes, *cases]
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
     environ.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", **env)
-    if "fp8" in cases and importlib.util.find_spec("torchao") is None:
+    if "fp8" in cases and (TORCHAO_DIR / "torchao").is_dir():  # whether or not this process has put it on sys.path
         environ["PYTHONPATH"] = os.pathsep.join(filter(None, [environ.get("PYTHONPATH"), str(TORCHAO_DIR)]))
     result = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
