@@ -124,3 +124,17 @@ def trained_llama(args, attn_implementation: str = "sdpa", padding_side: str = "
         "fsdp": trainer.is_fsdp_enabled,
         "eval_loss": trainer.evaluate()["eval_loss"] if eval_rows else None,
     }
+
+
+def leave_process() -> None:
+    """The end of a torchrun worker, once its results are written: the process group torn down, output flushed,
+    then ``os._exit``: after FSDP or DDP over gloo a rank sometimes never finishes interpreter exit (both threads
+    idle), which keeps torchrun waiting."""
+    import os
+    import sys
+
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

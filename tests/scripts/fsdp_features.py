@@ -164,11 +164,7 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     with open(f"{out}.{rank}", "w") as f:
         json.dump(results, f)
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # FSDP over gloo sometimes never finishes interpreter exit (see train_tiny.py)
+    tiny.leave_process()
 
 
 if __name__ == "__main__":

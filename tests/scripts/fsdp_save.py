@@ -95,10 +95,7 @@ def main() -> None:
     if torch.distributed.get_rank() == 0:
         (out / "result.json").write_text(json.dumps(result))
     torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # FSDP over gloo sometimes hangs at interpreter exit (see train_tiny.py)
+    tiny.leave_process()
 
 
 if __name__ == "__main__":

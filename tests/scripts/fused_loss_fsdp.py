@@ -54,10 +54,7 @@ def main() -> None:
         results[name] = train(str(Path(out).parent / name), fused, wrap)
     if int(os.environ.get("RANK", "0")) == 0:
         Path(out).write_text(json.dumps(results))
-    torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # FSDP over gloo: a rank sometimes never finishes interpreter exit
+    tiny.leave_process()
 
 
 if __name__ == "__main__":

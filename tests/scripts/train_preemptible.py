@@ -81,11 +81,7 @@ def main() -> None:
         weights = {name: p.detach().contiguous() for name, p in model.named_parameters()}
         safetensors.torch.save_file(weights, out / "weights.safetensors")
         (out / "result.json").write_text(json.dumps({"losses": tiny.logged_losses(trainer)}))
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # as train_tiny.py: a rank may hang in interpreter exit after gloo; the results are written
+    tiny.leave_process()
 
 
 if __name__ == "__main__":

@@ -52,11 +52,7 @@ def main() -> None:
             "losses": tiny.logged_losses(trainer),
         }
         (out / f"result-{restart}.json").write_text(json.dumps(result))
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # as train_tiny.py: a rank may hang in interpreter exit after gloo; the results are written
+    tiny.leave_process()
 
 
 if __name__ == "__main__":

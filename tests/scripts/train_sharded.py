@@ -103,11 +103,7 @@ def main() -> None:
         if restart_count() == 1:
             sigkill_rank_1_before_its_optimizer_shard()
         train(out, "resumed", args)
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # as train_tiny.py: a rank may hang in interpreter exit after gloo; the results are written
+    tiny.leave_process()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ Used by the distributed tests under torchrun: `train_tiny.py OUT.json [GaudiTrai
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -26,13 +25,7 @@ def main() -> None:
     if trainer.is_world_process_zero():
         with open(out, "w") as f:
             json.dump({"losses": losses, "world_size": args.world_size}, f)
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    # Seen here: after everything above returned, a rank sometimes never finished interpreter exit (FSDP over
-    # gloo on CPU, both threads idle), which keeps torchrun waiting. The results are written: leave now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    tiny.leave_process()
 
 
 if __name__ == "__main__":
