@@ -70,6 +70,13 @@ def gaudi_software(request, monkeypatch):
     return version
 
 
+def hide_cuda(monkeypatch) -> None:
+    """A Gaudi host has no NVIDIA GPU. Without the simulated hpu device (the in-process tests) accelerate finds no
+    hpu and would place the "Gaudi" run on CUDA where the suite runs on a GPU machine, against a CPU reference."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+
+
 @pytest.fixture
 def bridge(monkeypatch, gaudi_software):
     """The simulated Habana bridge (tests/fakes, a test double), importable but not yet imported, and the
@@ -82,6 +89,7 @@ def bridge(monkeypatch, gaudi_software):
         monkeypatch.delenv(var)
     monkeypatch.delenv("OPTIMUM_GAUDI_REQUIRE_HPU", raising=False)
     monkeypatch.syspath_prepend(FAKES)
+    hide_cuda(monkeypatch)
     _unload_bridge()
     yield lambda: sys.modules["habana_frameworks"]
     _unload_bridge()
