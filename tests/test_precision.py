@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch._dynamo
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from optimum_gaudi import GaudiConfig, GaudiConfigError, GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.devices import CPUDevice
@@ -86,6 +87,42 @@ def test_layer_norm_in_the_bf16_list_casts_only_its_input_as_the_bridge_does():
     with OpListAutocast(["layer_norm"], []):
         out = torch.nn.functional.layer_norm(x, (8,), weight.bfloat16(), None)
     assert out.dtype == BF16  # the input was cast; a bf16 weight stays bf16 and mixes fine
+
+
+class NormOperands(TorchDispatchMode):
+    """The dtypes of the floating operands each norm kernel receives (below autocast, where kernels run)."""
+
+    NORMS = ("native_layer_norm", "native_group_norm", "native_batch_norm", "_native_batch_norm_legit")
+
+    def __init__(self):
+        super().__init__()
+        self.seen = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in self.NORMS:
+            operands = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+            self.seen[name.strip("_")] = {a.dtype for a in operands}
+        return func(*args, **(kwargs or {}))
+
+
+def test_norms_in_the_bf16_list_get_operands_of_one_dtype_on_every_device():
+    # the bridge casts only a norm's input; CUDA's layer_norm refuses a bf16 input with float32 weights (GPT-2
+    # under Habana's default lists on an H200): each norm computes in float32 on the bf16-rounded input
+    x, weight, bias = torch.randn(4, 8), torch.randn(8), torch.randn(8)
+    batch_norm = nn.BatchNorm1d(8)
+    with NormOperands() as kernels, OpListAutocast(["layer_norm", "group_norm", "batch_norm"], []):
+        layer = nn.functional.layer_norm(x, (8,), weight, bias)
+        group = nn.functional.group_norm(x, 2, weight, bias)
+        batch = batch_norm(x)
+    assert len(kernels.seen) == 3 and all(dtypes == {FP32} for dtypes in kernels.seen.values()), kernels.seen
+    assert layer.dtype == group.dtype == batch.dtype == BF16
+    rounded = x.bfloat16().float()
+    assert torch.equal(layer, nn.functional.layer_norm(rounded, (8,), weight, bias).bfloat16())
+    assert torch.equal(group, nn.functional.group_norm(rounded, 2, weight, bias).bfloat16())
+    # what torch's CPU kernel computes from the mixed operands, to bf16's precision
+    torch.testing.assert_close(layer, nn.functional.layer_norm(x.bfloat16(), (8,), weight, bias))
+    assert batch_norm.running_mean.dtype == FP32
 
 
 def test_plain_torch_autocast_is_unchanged_outside_and_after():

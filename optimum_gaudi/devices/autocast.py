@@ -17,6 +17,7 @@ torch's kernels come back and plain ``torch.autocast`` means what it always mean
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import warnings
@@ -85,12 +86,26 @@ def _cast(value: Any, dtype: torch.dtype) -> Any:
     return value
 
 
+def _wider_operands(operands: tuple, dtype: torch.dtype) -> torch.dtype | None:
+    """The floating dtype of a norm's weights and statistics when it differs from its input's `dtype`."""
+    found = {v.dtype for v in operands if isinstance(v, torch.Tensor) and v.is_floating_point()} - {dtype}
+    return functools.reduce(torch.promote_types, found) if found else None
+
+
 def _cast_kernel(op: torch._ops.OpOverload, dtype: torch.dtype, exclude: Any, first_only: bool) -> Callable:
-    """Cast floating inputs to `dtype` and run `op` with the autocast key excluded (torch's own recipe)."""
+    """Cast floating inputs to `dtype` and run `op` with the autocast key excluded (torch's own recipe).
+
+    A norm that casts only its input keeps float32 weights: the Gaudi's kernel and torch's CPU one take the
+    mixed operands, CUDA's refuse them ("expected scalar type BFloat16 but found Float"). So every device gets
+    what those kernels compute: the bf16-rounded input normalized in the weights' dtype, returned in bf16."""
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         if first_only and args:
             args = (_cast(args[0], dtype), *args[1:])
+            wider = _wider_operands(args[1:] + tuple(kwargs.values()), dtype)
+            if wider is not None:
+                with torch._C._ExcludeDispatchKeyGuard(exclude):
+                    return _cast(op(args[0].to(wider), *args[1:], **kwargs), dtype)
         else:
             args = _cast(args, dtype)
             kwargs = {k: _cast(v, dtype) for k, v in kwargs.items()}
