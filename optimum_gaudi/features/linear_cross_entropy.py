@@ -89,9 +89,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
             total = total + ((sums.log() + top.squeeze(1) - picked) * kept).sum()
             if gh is None and gw is None:
                 continue
-            grad = logits.div_(sums[:, None])  # softmax
+            # softmax, and 0 on ignored rows: their exponentials divided by infinity (no pass of its own)
+            grad = logits.div_(sums.masked_fill(~kept, float("inf"))[:, None])
             grad.scatter_add_(1, target[:, None], -kept[:, None].to(grad.dtype))
-            grad.mul_(kept[:, None])
             grad = grad.to(compute)
             if gh is not None:
                 gh[rows] = grad @ w
