@@ -269,7 +269,7 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
         self.autocast_device: Device = CPUDevice() if self.half_precision_backend == "cpu_amp" else self.gaudi_device
         if self.gaudi_device.on_host:
             self.use_cpu = True  # lets transformers accept --bf16 on CPU instead of demanding a GPU
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched on several processes
+        if _launched_world_size() > 1:  # launched on several processes
             self.ddp_backend = self.ddp_backend or self.gaudi_device.ddp_backend
             self.gaudi_device.register_ddp_backend()
         if self.context_parallel_size > 1 and self.fsdp and self.gaudi_device.torch_context_parallel:
@@ -399,7 +399,7 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
     def _check_optimum_habana_flags(self) -> None:
         """optimum-habana's fields that cannot act here: an error when the run could not be what was asked, one
         line when it can (never a flag silently dropped)."""
-        problem = sequence_parallel.argument_problem(self, int(os.environ.get("WORLD_SIZE", "1")))
+        problem = sequence_parallel.argument_problem(self, _launched_world_size())
         if problem is not None:
             raise GaudiArgumentError(problem)
         if self.use_compiled_autograd and not self.torch_compile:
@@ -441,9 +441,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
         accelerate's own path (ring attention, ``parallelism_config.cp_size``) instead of the all-to-all."""
         from accelerate import ParallelismConfig
 
-        world = int(os.environ.get("WORLD_SIZE", "1"))
         size = self.context_parallel_size
-        self.parallelism_config = ParallelismConfig(dp_shard_size=world // size, cp_size=size)
+        self.parallelism_config = ParallelismConfig(dp_shard_size=_launched_world_size() // size, cp_size=size)
 
     def _check_deepspeed_config(self) -> None:
         """transformers reports a DeepSpeed config value that disagrees with the arguments (e.g. "bf16": {"enabled":
@@ -521,6 +520,11 @@ _NUMERIC_RANGES = (
     ("adam_epsilon", 0, None),
     ("dataloader_num_workers", 0, None),
 )
+
+
+def _launched_world_size() -> int:
+    """The number of processes the launcher (torchrun, ours, mpirun through the bridge) started: 1 without one."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _paged_adamw_without_bitsandbytes(args: TrainingArguments) -> None:
