@@ -13,10 +13,12 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from tiny import NO_DROPOUT, gpt2, lm_data
 from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.loss.loss_utils import ForCausalLMLoss
@@ -42,6 +44,19 @@ def llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
+def llama_family(name: str) -> Callable[[], torch.nn.Module]:
+    """A tiny model of the decoder-only families Gaudi users fine-tune, by its transformers class names."""
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        config_cls, model_cls = (getattr(transformers, f"{name}{kind}") for kind in ("Config", "ForCausalLM"))
+        sizes = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                     num_attention_heads=2, num_key_value_heads=1, head_dim=16)  # fmt: skip
+        return model_cls(config_cls(**sizes))
+
+    return make
+
+
 def gpt2_tied() -> torch.nn.Module:
     return gpt2(**NO_DROPOUT)  # tied embeddings
 
@@ -60,7 +75,14 @@ def batch() -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "labels": labels}
 
 
-@pytest.mark.parametrize("make", [llama, gpt2_tied, gpt2_with_head_bias], ids=["llama", "gpt2-tied", "head-bias"])
+FAMILIES = ("Mistral", "Qwen2", "Qwen3", "Gemma")  # Gemma (1): tied embeddings, no soft cap
+
+
+@pytest.mark.parametrize(
+    "make",
+    [llama, gpt2_tied, gpt2_with_head_bias, *map(llama_family, FAMILIES)],
+    ids=["llama", "gpt2-tied", "head-bias", *(f.lower() for f in FAMILIES)],
+)
 @pytest.mark.parametrize("num_items", [None, 40])
 def test_loss_and_gradients_are_the_models_own(make, num_items):
     model = make()
