@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..devices.host_memory import freed_memory_kept
 from ..errors import UserError
 from .host_group import host_group
 
@@ -164,14 +165,17 @@ def save_pretrained(
         _save_config(model, output_dir)
         _remove_stale_weights(output_dir, set(split.filename_to_tensors))
     rank0_alone = _rank0_writes_alone(is_main_process)
-    for filename, names in split.filename_to_tensors.items():
-        pieces = ((name, _pieces(local[name], is_main_process, rank0_alone)) for name in names)
-        if is_main_process:
-            _write_safetensors(os.path.join(output_dir, filename), {n: specs[n] for n in names}, pieces)
-        else:
-            for _, sent in pieces:  # this rank's part of each tensor
-                for _ in sent:
-                    pass
+    # each piece is host memory, on every device: given back when dropped, else glibc keeps a heap block of each
+    # size below 32 MiB and the next piece, memalign'ed, may not fit in it (two 31 MiB rows grew rank 0 by 65 MB)
+    with freed_memory_kept(returned=True):
+        for filename, names in split.filename_to_tensors.items():
+            pieces = ((name, _pieces(local[name], is_main_process, rank0_alone)) for name in names)
+            if is_main_process:
+                _write_safetensors(os.path.join(output_dir, filename), {n: specs[n] for n in names}, pieces)
+            else:
+                for _, sent in pieces:  # this rank's part of each tensor
+                    for _ in sent:
+                        pass
     if is_main_process and split.is_sharded:
         index = {
             "metadata": {"total_parameters": model.num_parameters(), **split.metadata},
