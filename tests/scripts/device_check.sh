@@ -63,6 +63,7 @@ tail -40 "$OUT/tests_cuda.log"
 timeout 90 python3 -m pytest -q -p no:cacheprovider $workers $per_test -rfE \
     tests/test_precision.py tests/test_compilation.py tests/test_compile_args.py tests/test_llm_kernels.py \
     tests/test_static_batch.py tests/test_mixin.py tests/test_graphs.py tests/test_trainer.py \
+    tests/test_linear_cross_entropy.py \
     > "$OUT/tests.log" 2>&1
 tail -40 "$OUT/tests.log"
 
