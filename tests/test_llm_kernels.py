@@ -227,6 +227,19 @@ def test_fused_rms_norm_and_rope_on_gaudi_keep_the_model_and_its_losses(tmp_path
     assert type(model) is LlamaForCausalLM and set(model.state_dict()) == set(llama().state_dict())
 
 
+@BOTH
+def test_fused_linear_cross_entropy_on_gaudi_trains_as_the_models_own_loss(tmp_path, bridge, gaudi_software):
+    """The chunked loss on the Gaudi path (lazy mode under 1.19, eager under 1.21; on hpu tensors in the pytest
+    process on the simulated device): the losses of the full logits, and the head never computes them."""
+    gaudi = dict(use_habana=True, use_lazy_mode=gaudi_software == "1.19")
+    reference = train_losses(llama(), args(tmp_path / "full", **gaudi), padded_data())
+    model, head_rows = llama(), []
+    model.lm_head.register_forward_hook(lambda module, inputs, out: head_rows.append(out.shape[1]))
+    losses = train_losses(model, args(tmp_path / "fused", use_fused_linear_cross_entropy=True, **gaudi), padded_data())
+    torch.testing.assert_close(losses, reference, rtol=1e-5, atol=0)
+    assert head_rows == [1] * 3  # one position a row, each step
+
+
 # ---- portable artifacts -----------------------------------------------------------------------------------------
 
 LOAD = """
