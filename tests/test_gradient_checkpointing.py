@@ -50,8 +50,13 @@ def assert_same_losses(tmp_path, rel: float = 1e-6, **flags) -> None:
 @pytest.mark.parametrize(
     "flags",
     # aot_eager: dynamo and AOTAutograd trace the checkpoint as for inductor, without inductor's slow CPU codegen
-    [{}, {"torch_compile": True, "torch_compile_backend": "aot_eager"}, {"bf16": True}],
-    ids=["eager", "compiled", "bf16"],
+    [
+        {},
+        {"torch_compile": True, "torch_compile_backend": "aot_eager"},
+        {"bf16": True},
+        {"use_fused_linear_cross_entropy": True},
+    ],
+    ids=["eager", "compiled", "bf16", "fused-loss"],
 )
 def test_checkpointing_changes_no_loss_on_cpu(tmp_path, flags):
     assert_same_losses(tmp_path, **flags)
