@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from conftest import has_torchao
 from tiny import NO_DROPOUT, gpt2, lm_data
 from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.loss.loss_utils import ForCausalLMLoss
@@ -160,6 +161,17 @@ def test_trainer_losses_match_under_gradient_accumulation(tmp_path):
     assert got == pytest.approx(expected, rel=1e-5)
     for p, q in zip(trainer.model.parameters(), ref_trainer.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.cpu
+@pytest.mark.skipif(not has_torchao, reason="needs the [fp8] extra (torchao)")
+def test_with_fp8_the_fused_loss_gives_fp8s_own_losses(tmp_path, torchao):
+    """--fp8 converts the layers, not the output layer: the fused loss computes the same bf16 head (torchao here)."""
+    sizes = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
+    _, expected = train(llama(**sizes), tmp_path / "a", fused=False, bf16=True, fp8=True)
+    trainer, got = train(llama(**sizes), tmp_path / "b", fused=True, bf16=True, fp8=True)
+    assert type(trainer.model.model.layers[0].mlp.up_proj).__name__ == "Float8Linear"  # fp8 did convert them
+    assert len(got) == 3 and got == pytest.approx(expected, rel=1e-3)
 
 
 @pytest.mark.cpu
