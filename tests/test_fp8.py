@@ -108,6 +108,17 @@ def gaudi(bridge, monkeypatch):
 
 
 @BOTH
+def test_fp8_on_gaudi_with_the_fused_loss_gives_fp8s_own_losses(tmp_path, gaudi, gaudi_software):
+    """The Transformer Engine computes the blocks; the fused loss the untouched bf16 output layer, in chunks."""
+    flags = dict(use_habana=True, use_lazy_mode=gaudi_software == "1.19", fp8=True)
+    _, fp8 = trained(tmp_path / "fp8", **flags)
+    _, fused = trained(tmp_path / "fused", use_fused_linear_cross_entropy=True, **flags)
+    assert len(gaudi().calls_named("te.Linear.forward", fp8=True)) == 2 * STEPS * 14  # fp8 in both runs
+    # bf16 logits either way, rounded in another order: 1.05e-3 at worst over 20 steps here (fp8 vs bf16: 1%)
+    assert fused == pytest.approx(fp8, rel=TOLERANCE / 4)
+
+
+@BOTH
 def test_fp8_on_gaudi_runs_the_transformer_engine_on_the_models_own_weights(tmp_path, gaudi):
     _, bf16 = trained(tmp_path / "bf16", use_habana=True)
     model = llama()
