@@ -23,10 +23,8 @@ from pathlib import Path
 from typing import Any
 
 METADATA_NAME = ".metadata"
-MODEL_FOLDER_NAME, OPTIMIZER_FOLDER_NAME = (
-    "pytorch_model_fsdp",
-    "optimizer",
-)  # accelerate's FSDP_MODEL_NAME, OPTIMIZER_NAME + _<index>
+# accelerate's FSDP_MODEL_NAME and OPTIMIZER_NAME, each folder named <name>_<index>
+MODEL_FOLDER_NAME, OPTIMIZER_FOLDER_NAME = "pytorch_model_fsdp", "optimizer"
 MODEL_FOLDER = re.compile(rf"^{MODEL_FOLDER_NAME}(_\d+)?$")
 _MODEL_KEY = "model."  # accelerate saves {"model": state_dict}: the tensors are named model.<parameter name>
 _METADATA_MODULE = "torch.distributed.checkpoint.metadata"  # its classes are plain data: dataclasses, enums

@@ -1,11 +1,10 @@
 """What this package needs from the installed transformers: the hooks, a shim per older release, one check.
 
-The Gaudi features override a handful of Trainer hooks. Older releases (5.0 to 5.2, 4.57) lack some of
-them, which the small shims below rebuild from what those releases do have; ``get_cp_size`` (context
-parallelism's divisor) is 1 where it is missing, and --context_parallel_size is refused there. The shims sit between the Gaudi mixin and the Trainer and are
-empty on a release that has every hook. A release that drops or
-renames a hook with no shim fails at construction with one clear line, never silently trains without the
-feature.
+The Gaudi features override a handful of Trainer hooks. Older releases (5.0 to 5.2, 4.57) lack some of them, which
+the small shims below rebuild from what those releases do have; ``get_cp_size`` (context parallelism's divisor) is 1
+where it is missing, and --context_parallel_size is refused there. The shims sit between the Gaudi mixin and the
+Trainer and are empty on a release that has every hook. A release that drops or renames a hook with no shim fails at
+construction with one clear line, never silently trains without the feature.
 """
 
 from __future__ import annotations
