@@ -131,7 +131,8 @@ def test_sigterm_to_the_launcher_stops_both_ranks_at_one_step_with_a_checkpoint(
     assert err.rstrip().splitlines()[-1] == "error: received SIGTERM; the job was stopped"
     finished = int((tmp_path / "stopped" / "signal_step").read_text())
     newest = latest_complete_checkpoint(tmp_path / "stopped" / "run")
-    assert newest is not None and finished <= checkpoint_step(newest) <= finished + 1
+    # the ranks agree without a collective: the step after the one in flight (trainers/preemption.py)
+    assert newest is not None and finished <= checkpoint_step(newest) <= finished + 2
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(newest))  # both ranks saved their part
 
     resumed = _run(tmp_path / "stopped", "--resume_from_checkpoint", "true", processes=2)
@@ -139,6 +140,30 @@ def test_sigterm_to_the_launcher_stops_both_ranks_at_one_step_with_a_checkpoint(
     assert _same_weights(
         tmp_path / "stopped" / "weights.safetensors", tmp_path / "uninterrupted" / "weights.safetensors"
     )
+
+
+def test_sigterm_to_one_rank_stops_every_rank_after_one_step_without_a_collective_per_step(tmp_path):
+    """SIGTERM to rank 1 alone (issue 38, point 1): rank 0 learns it through the job's store, both stop after the
+    same step with one checkpoint, no collective ran on the host group in the steps before, and the launcher
+    exits 143 (every rank was preempted: a scheduler reads 143 as a preemption, 1 as a failure)."""
+    job = _start(tmp_path, processes=2, extra=("--logging_steps", "1000"))  # logging steps gather step times
+    try:
+        time.sleep(1.0)
+        pid = int((tmp_path / "pid.rank1").read_text())
+        os.kill(pid, signal.SIGTERM)
+        _, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == EXIT_CODE, err[-3000:]
+    assert err.rstrip().splitlines()[-1].startswith("error: every rank stopped on SIGTERM after writing"), err[-3000:]
+    # no host collective after step 1 (the old agreement all-reduced on every step)
+    assert [int((tmp_path / f"host_collectives.rank{r}").read_text()) for r in (0, 1)] == [0, 0]
+    finished = int((tmp_path / "signal_step.rank1").read_text())
+    assert not (tmp_path / "signal_step.rank0").exists()  # rank 0 was never signalled
+    newest = latest_complete_checkpoint(tmp_path / "run")
+    assert newest is not None and finished < checkpoint_step(newest) <= finished + 2
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(newest))  # both ranks saved their part
 
 
 def test_sigkill_to_the_launcher_still_leaves_the_checkpoint_of_the_step_in_flight(tmp_path):
