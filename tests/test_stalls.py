@@ -166,3 +166,38 @@ def test_the_default_limit_comes_from_the_runs_own_times_with_a_floor():
     assert auto_limit(0.5, 10.0) == AUTO_FLOOR_SECONDS == 60
     assert auto_limit(12.0, 10.0) == 120  # 10 x the slowest step
     assert auto_limit(1.0, 90.0) == 180  # 2 x the slowest save or evaluation
+
+
+# ---- stragglers (point 4) and non-finite steps on several processes (point 3) -------------------------------------
+
+
+def test_a_slow_rank_is_logged_and_named_once_and_a_nan_on_one_rank_is_skipped_on_every_rank_then_stops(tmp_path):
+    """Rank 1 is slow every step and its loss is NaN at steps 9, 13 and 14 (tests/scripts/train_stragglers.py):
+    each logging step records the slowest and fastest rank, rank 1 is named once; step 9 is skipped on both ranks
+    (neither AdamW stepped), steps 13 and 14 are two in a row (--max_nonfinite_skips 1): one line, exit 2."""
+    out = tmp_path / "run"
+    result = subprocess.run(
+        launch_command("--world_size", "2", str(SCRIPTS / "train_stragglers.py"), str(tmp_path), "9,13,14")
+        + ["--output_dir", str(out), "--max_steps", "16", "--save_strategy", "steps", "--save_steps", "4"]
+        + ["--logging_steps", "2", "--per_device_train_batch_size", "4", "--report_to", "none"]
+        + ["--disable_tqdm", "true", "--on_nonfinite", "skip", "--max_nonfinite_skips", "1"],
+        capture_output=True,
+        text=True,
+        env=job_environment(),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.rstrip().splitlines()[-1] == (
+        "error: step 14: the loss is nan on rank 1 (gradient norm nan): 2 such steps in a row; stopped before its "
+        "optimizer step (--max_nonfinite_skips 1 skips at most that many in a row)."
+    )
+    assert "step 9: the loss is nan on rank 1 (gradient norm nan); step skipped" in result.stderr
+    assert [(tmp_path / f"optimizer_steps.rank{r}").read_text() for r in (0, 1)] == ["11", "11"]
+    assert result.stderr.count("Rank 1 has been slower than the median rank for 3 logging intervals") == 1
+    history = json.loads((out / "checkpoint-12" / "trainer_state.json").read_text())["log_history"]
+    logged = [h for h in history if "loss" in h]
+    assert len(logged) == 6 and all(h["slowest_rank"] == 1 and h["fastest_rank"] == 0 for h in logged)
+    assert all(h["slowest_rank_step_time"] > h["fastest_rank_step_time"] + 0.04 for h in logged)
+    assert [h["nonfinite_skipped_steps"] for h in logged] == [0, 0, 0, 0, 1, 1]
+    assert not list(out.glob("hang-*"))  # the watchdog (on by default) never fired

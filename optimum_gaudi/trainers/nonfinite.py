@@ -91,8 +91,8 @@ class NonFiniteGuard(TrainerCallback):
             return
         if self.skip:
             raise NonFiniteStepError(
-                f"step {step}: {problem}, the {self.skipped_in_a_row + 1}th such step in a row; stopped (the "
-                f"weights are those before it). --max_nonfinite_skips {self.max_skips} allows that many in a row."
+                f"step {step}: {problem}: {self.skipped_in_a_row + 1} such steps in a row; stopped before its optimizer "
+                f"step (--max_nonfinite_skips {self.max_skips} skips at most that many in a row)."
             )
         raise NonFiniteStepError(
             f"step {step}: {problem}; stopped before the optimizer step (the weights and checkpoints are those "
@@ -127,18 +127,15 @@ class NonFiniteGuard(TrainerCallback):
         if norm_value is not None and not math.isfinite(norm_value):
             bad_ranks, local = self._ranks_with_a_nonfinite_loss(loss_value, several)
             if bad_ranks:
-                ranks = ", ".join(map(str, bad_ranks))
-                return f"the loss is {local} on rank{'s' if len(bad_ranks) > 1 else ''} {ranks} (gradient norm {norm_value})"
-            return f"the gradient norm is {norm_value} (every rank's loss is finite)"
+                return f"the loss is {local}{_on(bad_ranks, several)} (gradient norm {norm_value})"
+            return f"the gradient norm is {norm_value} (the loss is finite{' on every rank' if several else ''})"
         if norm_value is None and loss_value is not None:  # DeepSpeed: the loss alone, agreed over the ranks
             bad = (~torch.isfinite(loss_value)).float().reshape(1)
             if several:
                 torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
             if bad.item():
                 bad_ranks, local = self._ranks_with_a_nonfinite_loss(loss_value, several)
-                return (
-                    f"the loss is {local} on rank{'s' if len(bad_ranks) > 1 else ''} {', '.join(map(str, bad_ranks))}"
-                )
+                return f"the loss is {local}{_on(bad_ranks, several)}"
         if self.spike_factor > 0 and loss_value is not None:
             return self._spike(loss_value, several, world_size)
         return None
@@ -185,6 +182,12 @@ class NonFiniteGuard(TrainerCallback):
 
             scaler._per_optimizer_states = collections.defaultdict(_refresh_per_optimizer_state)
         self._skipping = True
+
+
+def _on(ranks: list[int], several: bool) -> str:
+    if not several or not ranks:
+        return ""
+    return f" on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def _no_step(*args: Any, **kwargs: Any) -> None:
