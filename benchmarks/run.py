@@ -2,7 +2,7 @@
 
 Each section is one side-by-side run. `BENCH_SECTIONS=compile make bench` reruns only the named sections
 (comma-separated: speed, compile, llama, fused_loss, distributed, fsdp, allreduce, context_parallel, gpu,
-sharded_save) and replaces just those in docs/benchmarks.md,
+sharded_save, stalls) and replaces just those in docs/benchmarks.md,
 each section saying when and under what load it was measured.
 """
 
@@ -30,6 +30,7 @@ from benchmarks import (  # noqa: E402
     gpu,
     llama_speed,
     sharded_save,
+    stalls,
     train_speed,
 )
 from benchmarks.common import markdown_table  # noqa: E402
@@ -172,6 +173,21 @@ def context_parallel_section(quick: bool) -> str:
     return f"## Long sequences: --context_parallel_size 2 under a memory cap\n\n{t.table()}\n\n{text}"
 
 
+def stalls_section(quick: bool) -> str:
+    text, m = stalls.run(quick)
+    t = Targets()
+    for name, r in m.items():
+        if name.count("_") == 1 and "total_less_reload" in r:
+            mode, processes = name.split("_")
+            t.check(f"{mode}, {processes} processes: stall to resumed, less the reload (s)", r["total_less_reload"],
+                    120, "{:.0f}", at_most=True)  # fmt: skip
+    overhead = m["overhead"]["on"] / m["overhead"]["off"] - 1
+    t.check("watchdog + straggler figures: step time added, 4 processes", 100 * overhead, 1.0, "{:.1f}%", True)
+    t.check("SIGTERM agreement now / before, per step", m["agreement"]["store_check_us"] / m["agreement"]["all_reduce_us"],
+            1.0, at_most=True)  # fmt: skip
+    return f"## A stalled rank: found, reported, restarted (default settings)\n\n{t.table()}\n\n{text}"
+
+
 def gpu_section(quick: bool) -> str:
     """Only where a GPU is lent (BENCH_SECTIONS=gpu): the default sections run on the CPU."""
     tiny = quick or os.environ.get("BENCH_GPU_TINY") == "1"
@@ -214,6 +230,7 @@ SECTIONS = {
     "context_parallel": context_parallel_section,
     "gpu": gpu_section,
     "sharded_save": sharded_save_section,  # about 5 minutes on 2 cores: not a default section
+    "stalls": stalls_section,  # about 15 minutes (four stalls of a minute, restarts): not a default section
 }
 DEFAULT_SECTIONS = (
     "speed",
