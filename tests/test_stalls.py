@@ -198,6 +198,6 @@ def test_a_slow_rank_is_logged_and_named_once_and_a_nan_on_one_rank_is_skipped_o
     history = json.loads((out / "checkpoint-12" / "trainer_state.json").read_text())["log_history"]
     logged = [h for h in history if "loss" in h]
     assert len(logged) == 6 and all(h["slowest_rank"] == 1 and h["fastest_rank"] == 0 for h in logged)
-    assert all(h["slowest_rank_step_time"] > h["fastest_rank_step_time"] + 0.04 for h in logged)
+    assert all(h["slowest_rank_step_time"] > h["fastest_rank_step_time"] + 0.1 for h in logged)
     assert [h["nonfinite_skipped_steps"] for h in logged] == [0, 0, 0, 0, 1, 1]
     assert not list(out.glob("hang-*"))  # the watchdog (on by default) never fired

@@ -398,8 +398,13 @@ def _collectives() -> int:
 
 
 def waiting_in() -> str:
-    """The collective this rank waits in: torch's flight recorder where it runs (TORCH_FR_BUFFER_SIZE), else
-    the innermost torch.distributed frame of the main thread."""
+    """The collective this rank waits in. Its main thread's innermost Python frame says whether it waits inside
+    torch at all (a collective is called from torch.distributed, a gradient reduction from autograd or DDP);
+    then torch's flight recorder (TORCH_FR_BUFFER_SIZE) names the collective issued last, else that frame does."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    path = frame.f_code.co_filename.replace(os.sep, "/") if frame is not None else ""
+    if not any(part in path for part in ("/torch/", "/accelerate/", "/deepspeed/", "/habana_frameworks/")):
+        return "no collective (its main thread runs outside torch: see its stack)"
     with contextlib.suppress(Exception):
         dump = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(True, True))
         status = dump.get("pg_status", {})
@@ -422,13 +427,8 @@ def waiting_in() -> str:
                 f"{entry.get('profiling_name')} on group {label} (its collective {entry['collective_seq_id']}, "
                 f"issued {age:.1f} s ago, input sizes {entry.get('input_sizes')}; torch's flight recorder)"
             )
-    frame = sys._current_frames().get(threading.main_thread().ident)
-    while frame is not None:
-        path = frame.f_code.co_filename.replace(os.sep, "/")
-        if "/torch/distributed/" in path or "/torch/nn/parallel/" in path:
-            return f"{frame.f_code.co_name} ({path.split('/torch/', 1)[-1]}:{frame.f_lineno}), from its main thread's stack"
-        frame = frame.f_back
-    return "no collective (its main thread runs outside torch.distributed: see its stack)"
+    short = path.split("/site-packages/", 1)[-1]
+    return f"{frame.f_code.co_name} ({short}:{frame.f_lineno}), its main thread's innermost frame"
 
 
 def _stacks() -> str:

@@ -763,11 +763,13 @@ class GaudiTrainerMixin(TrainerShims):
 
     def _weights_not_finite(self, model: nn.Module) -> bool:
         """A checkpoint whose weights hold a NaN or inf is not written: it would rotate out the last finite one, and
-        resuming would train on from garbage. Every rank checks its own weights (FSDP: its shards) and the ranks
-        agree (a save is collective, every rank is here); one line says which checkpoint was left out."""
+        resuming would train on from garbage. Every rank checks its own weights; where they are sharded (FSDP,
+        DeepSpeed) the ranks agree (a save is collective, every rank is here); one line says which checkpoint was
+        left out."""
         bad = first_nonfinite(self.accelerator.unwrap_model(model).named_parameters())
         flag = torch.tensor([0.0 if bad is None else 1.0])
-        if self.args.world_size > 1 and torch.distributed.is_initialized():
+        sharded = self.is_fsdp_enabled or self.is_deepspeed_enabled  # else every rank holds the same weights
+        if sharded and self.args.world_size > 1 and torch.distributed.is_initialized():
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=host_group())
         if not flag.item():
             return False

@@ -2,7 +2,7 @@
 
     train_stragglers.py OUT_DIR NAN_STEPS [GaudiTrainingArguments flags...]
 
-Rank 1's forward takes 50 ms longer (a slow card or host); at the steps listed in NAN_STEPS (comma-separated) its
+Rank 1's forward takes 200 ms longer (a slow card or host); at the steps listed in NAN_STEPS (comma-separated) its
 loss is NaN. Each rank writes OUT_DIR/optimizer_steps.rankN at step 12: how many steps its AdamW took.
 """
 
@@ -48,7 +48,7 @@ def main(argv) -> None:
     torch.set_num_threads(1)
     model = tiny.gpt2(**tiny.NO_DROPOUT)
     if args.process_index == 1:
-        model.register_forward_pre_hook(lambda module, inputs: time.sleep(0.05))
+        model.register_forward_pre_hook(lambda module, inputs: time.sleep(0.2))
     nan = NanOnRank1(nan_steps)
     trainer = GaudiTrainer(model=model, args=args, train_dataset=tiny.lm_data(), compute_loss_func=nan)
     nan.trainer = trainer
