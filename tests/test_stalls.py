@@ -28,7 +28,7 @@ def test_every_group_the_project_makes_honours_ddp_timeout(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     waits = json.loads((tmp_path / "waits.json").read_text())
-    assert set(waits) == {"host", "async_save_model", "async_save_optimizer", "sequence_parallel"}
+    assert set(waits) == {"host", "async_save_model", "sequence_parallel"}
     for name, wait in waits.items():
         assert wait["failed"] and timeout - 0.5 < wait["seconds"] < timeout + 3, (name, wait)
 
@@ -40,7 +40,7 @@ def test_a_stopped_rank_an_endless_loop_and_a_collective_never_joined_are_report
     """One job, three attempts (--max_restarts 2): in each, rank 1 stalls another way after a checkpoint
     (tests/scripts/train_stalls.py). Each time every rank writes its stacks and the collective it waits in, the
     deciding rank one line, and torchrun restarts the job from the newest complete checkpoint; the last attempt's
-    line is the launcher's. Attempt 0's first step outlasts the limit on rank 1 (a compilation): no report."""
+    line is the launcher's. (A first step, save or evaluation outlasting the limit: the in-process tests below.)"""
     out = tmp_path / "run"
     result = subprocess.run(
         launch_command("--world_size", "2", "--max_restarts", "2", str(SCRIPTS / "train_stalls.py"), str(tmp_path))

@@ -3,7 +3,7 @@
     group_timeouts.py OUT_DIR --ddp_timeout SECONDS
 
 Run on 2 processes. The arguments make the default group (as transformers does, with --ddp_timeout); then every
-rank makes the host group, --async_save's writer groups and the sequence-parallel group, and rank 1 never joins
+rank makes the host group, --async_save's writer groups (made alike: one of them) and the sequence-parallel group, and rank 1 never joins
 a collective on them: rank 0 times how long each all-reduce waits before it fails, and writes OUT_DIR/waits.json.
 """
 
@@ -29,7 +29,6 @@ def main() -> None:
     groups = {
         "host": host_group(),
         "async_save_model": host_group("async_save_model"),
-        "async_save_optimizer": host_group("async_save_optimizer"),
         "sequence_parallel": SequenceParallel(2).group,
     }
     if dist.get_rank() == 1:  # never joins: alive, but stuck elsewhere until rank 0 is done

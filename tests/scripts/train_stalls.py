@@ -7,7 +7,6 @@ Run under ``optimum-gaudi launch --max_restarts 2`` with a short ``--hang_timeou
 - attempt 0: stops itself (SIGSTOP), as a stuck card or a host under swap would;
 - attempt 1: spins in an endless Python loop;
 - attempt 2: waits in an all-reduce rank 0 never joins (a collective that never completes).
-Before that, attempt 0's first step takes longer than the limit on rank 1 (a compilation): no stall.
 Each attempt writes OUT_DIR/attempt-<restart>.json from rank 0 when training starts (where it resumed from);
 a run that finishes writes OUT_DIR/done.json.
 """
@@ -16,7 +15,6 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/, for tiny.py
@@ -45,10 +43,6 @@ class Stall(TrainerCallback):
         if args.process_index == 0:
             resumed = kwargs.get("model") is not None and state.global_step
             (self.out / f"attempt-{self.restart}.json").write_text(json.dumps({"resumed_at": resumed}))
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        if self.restart == 0 and state.global_step == 0 and args.process_index == 1:
-            time.sleep(1.5 * args.hang_timeout)  # a first step that compiles for longer than the limit
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step != self.step or args.process_index != 1:
