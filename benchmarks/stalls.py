@@ -139,9 +139,10 @@ def run(quick: bool = False) -> tuple[str, dict]:
             ["without", f"{m['overhead']['off'] * 1000:.1f} ms", ", ".join(f"{x * 1000:.1f}" for x in off)],
         ],
     )  # fmt: skip
-    m["agreement"] = agreement(8 if not quick else 2)
+    agreeing = 8 if not quick else 2
+    m["agreement"] = agreement(agreeing)
     text += "\n\n" + markdown_table(
-        ["SIGTERM's agreement, per step and rank, 8 processes", "time"],
+        [f"SIGTERM's agreement, per step and rank, {agreeing} processes", "time"],
         [
             ["before: all-reduce over a gloo group of every rank", f"{m['agreement']['all_reduce_us']:.0f} us"],
             ["now: one look at the job's store", f"{m['agreement']['store_check_us']:.0f} us"],

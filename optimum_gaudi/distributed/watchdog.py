@@ -88,9 +88,12 @@ class _Store:
         self.stuck = False
         threading.Thread(target=self._serve, name="watchdog-store", daemon=True).start()
 
+    def close(self) -> None:
+        self._calls.put(None)
+
     def _serve(self) -> None:
-        while True:
-            function, args, box, done = self._calls.get()
+        while (call := self._calls.get()) is not None:
+            function, args, box, done = call
             try:
                 box.append((True, getattr(self._store, function)(*args)))
             except Exception as e:
@@ -208,6 +211,7 @@ class Watchdog:
         with contextlib.suppress(Exception):
             beat = Beat(self._beat + 1, self._progress, _collectives(), FINISHED, os.getpid(), self._host)
             self._store("set", self._key(f"beat/{self.rank}"), json.dumps(asdict(beat)))
+        self._store.close()
 
     def _tick_seconds(self) -> float:
         return min(5.0, max(0.25, self.limit / 10))
