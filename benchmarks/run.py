@@ -185,7 +185,8 @@ def stalls_section(quick: bool) -> str:
     t.check("watchdog + straggler figures: step time added, 4 processes", 100 * overhead, 1.0, "{:.1f}%", True)
     t.check("SIGTERM agreement now / before, per step", m["agreement"]["store_check_us"] / m["agreement"]["all_reduce_us"],
             1.0, at_most=True)  # fmt: skip
-    return f"## A stalled rank: found, reported, restarted (default settings)\n\n{t.table()}\n\n{text}"
+    command = "Command: `BENCH_SECTIONS=stalls make bench` (benchmarks/stalls.py says what each row measures)."
+    return f"## A stalled rank: found, reported, restarted (default settings)\n\n{t.table()}\n\n{text}\n\n{command}"
 
 
 def gpu_section(quick: bool) -> str:
