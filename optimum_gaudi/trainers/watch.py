@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -47,6 +48,11 @@ class ProgressWatch(TrainerCallback):
             if args.hang_timeout is not None:
                 limit = f"{args.hang_timeout:g} s"
             logger.info("Progress watchdog on (--hang_timeout: %s; 0 turns it off).", limit)
+            if "TORCHELASTIC_RUN_ID" not in os.environ:  # DeepSpeed's launcher, mpirun: no elastic agent
+                logger.warning(
+                    "This job was not started by torchrun: a stalled rank ends it with the watchdog's report, but "
+                    "nothing restarts it (optimum-gaudi launch --max_restarts needs torchrun's elastic agent)."
+                )
 
     def on_step_begin(self, args, state, control, **kwargs):
         if self.watchdog is not None:
