@@ -173,5 +173,5 @@ def test_sigkill_to_the_launcher_still_leaves_the_checkpoint_of_the_step_in_flig
     newest = latest_complete_checkpoint(tmp_path / "run")
     assert newest is not None, "no checkpoint"
     finished = int((tmp_path / "signal_step").read_text())
-    assert finished <= checkpoint_step(newest) <= finished + 2  # the ranks agree on the step after the one in flight
+    assert finished <= checkpoint_step(newest) <= finished + 1
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(newest))  # both ranks saved their part

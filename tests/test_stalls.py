@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
+import threading
 
 from test_launch import SCRIPTS, job_environment, launch_command
 
@@ -75,10 +76,11 @@ def test_a_stopped_rank_an_endless_loop_and_a_collective_never_joined_are_report
 
 
 class FakeStore:
-    """The slice of a c10d store the watchdog uses, in memory."""
+    """The slice of a c10d store the watchdog and SIGTERM's agreement use, in memory."""
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
+        self.lock = threading.Lock()
 
     def set(self, key, value):
         self.data[key] = value.encode() if isinstance(value, str) else value
@@ -93,9 +95,36 @@ class FakeStore:
         return [self.data[key] for key in keys]
 
     def compare_set(self, key, expected, desired):
-        if key not in self.data and expected == "":
-            self.data[key] = desired.encode()
-        return self.data[key]
+        with self.lock:
+            if key not in self.data and expected == "":
+                self.data[key] = desired.encode()
+            return self.data[key]
+
+
+def test_sigterm_to_every_rank_stops_after_the_step_in_flight_and_to_some_after_the_next():
+    """SIGTERM's agreement (distributed/agreement.py) on a store in memory: ranks asked at the ends of steps 3
+    and 4 (a step end apart) stop after 4; a rank asked alone makes every rank stop after the next step."""
+    from optimum_gaudi.distributed.agreement import StopAgreement
+
+    store = FakeStore()
+    ranks = [StopAgreement(store, rank, 2, serial=0) for rank in (0, 1)]  # as two processes' first
+    results = {}
+    threads = [
+        threading.Thread(target=lambda r=r, s=s: results.update({r: ranks[r].step_end(s, True, 5.0)}))
+        for r, s in ((0, 3), (1, 4))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == {0: False, 1: True} and [a.stop_after for a in ranks] == [4, 4]
+    assert ranks[0].step_end(4, True) is True
+
+    store = FakeStore()
+    alone, other = StopAgreement(store, 1, 2, serial=0), StopAgreement(store, 0, 2, serial=0)
+    assert other.step_end(5, False) is False  # rank 0 ended step 5 before rank 1 said anything
+    assert alone.step_end(5, True, wait_seconds=0.05) is False  # rank 0 never answers: after step 6
+    assert (other.step_end(6, False), alone.step_end(6, True)) == (True, True)
 
 
 def watchdog_pair(tmp_path, limit=1.0):

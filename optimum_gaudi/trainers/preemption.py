@@ -4,9 +4,9 @@ the optimizer step in flight, writes a complete checkpoint and ends the process 
 The handler only sets a flag; the step end acts on it. Under several processes the ranks first agree on the step
 to stop after (distributed/agreement.py: through the job's store, no collective on steps where nobody asked),
 because a checkpoint is a collective: ranks that stopped at different steps would wait for each other forever.
-A rank that was signalled stops after the step that follows the one in flight (its peers may have ended the
-step in flight already), so the orchestrator's grace period must cover two steps and one checkpoint; the log says
-how long a step and the last checkpoint took when the signal came.
+When every rank got the signal they stop after the step in flight; when only some did, after the one that
+follows (their peers may have ended the step in flight already), so the orchestrator's grace period must cover
+that and one checkpoint; the log says how long a step and the last checkpoint took when the signal came.
 
 Two things would spend that grace period or waste the checkpoint: a launcher killed outright (SIGKILL) leaves
 its ranks writing into a pipe nobody reads, where every write fails (the checkpoint would fail at its first
@@ -75,7 +75,7 @@ class Preemption(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         store = default_store() if args.world_size > 1 else None
-        self._agreement = StopAgreement(store) if store is not None else None
+        self._agreement = StopAgreement(store, args.process_index, args.world_size) if store is not None else None
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._step_started = time.monotonic()
@@ -107,7 +107,9 @@ class Preemption(TrainerCallback):
             return False
         if self._agreement is None:
             return self.requested
-        return self._agreement.step_end(step, self.requested)
+        # the wait for the other ranks' word, where this one was asked: they end this step within about a step
+        wait = min(max(2 * self.step_seconds, 1.0), 10.0)
+        return self._agreement.step_end(step, self.requested, wait)
 
 
 class OutputThatCannotFail:
