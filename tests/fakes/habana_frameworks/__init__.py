@@ -140,6 +140,9 @@ def dump_log_at_exit() -> None:
         data = {"names": names(), "env_at_import": env_at_import, "autocast_lists": lists}
         from . import _device
 
+        hccl = sys.modules.get("habana_frameworks.torch.distributed.hccl")
+        if hccl is not None and getattr(hccl, "census", None):  # every distinct collective the 'hccl' group ran
+            data["collectives"] = [list(entry) for entry in sorted(hccl.census, key=str)]
         if _device.loaded():  # what lived on the simulated hpu device
             _live, peak, allocations = _device.memory_counters()
             data["device"] = {"peak_bytes": peak, "allocations": allocations}
