@@ -44,7 +44,9 @@ from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadca
 from ..distributed.fsdp import (
     check_fp8_under_fsdp,
     check_fsdp_arguments,
+    check_sum_reductions,
     gather_in_bf16,
+    reduce_with_sum,
     shard_where_accelerate_would_not,
     wrap_this_models_layers,
 )
@@ -214,6 +216,7 @@ class GaudiTrainerMixin(TrainerShims):
 
         self._static_rows = self._select_static_rows(args)
         self._unused: list[nn.Parameter] | None = None  # under training graphs that zero them: found at step 1
+        self._summing: nn.Module | None = None  # the FSDP2 model last told to reduce with SUM (a device without AVG)
         self._throughput = Throughput(args.throughput_warmup_steps)
         self.callback_handler = InternalCallbackHandler.adopt(self.callback_handler, [_LoopHooks(self)])
         profiler = GaudiProfilerCallback.from_training_args(args)
@@ -284,6 +287,7 @@ class GaudiTrainerMixin(TrainerShims):
             check_fsdp_arguments(self.accelerator, self.args)
         if self.is_fsdp_enabled:
             check_fp8_under_fsdp(self._fp8)
+            check_sum_reductions(self.gaudi_device)
             full_weights.check_saves(self.model)  # now, not after the run, at its final save_model
             wrap_this_models_layers(self.accelerator.state.fsdp_plugin, self.model)
             if self._autocast is not None:
@@ -476,6 +480,9 @@ class GaudiTrainerMixin(TrainerShims):
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         rows = find_batch_size(inputs)
         self._throughput.count_batch(inputs, rows)
+        if self.is_fsdp_enabled and not self.gaudi_device.collectives_average and self._summing is not model:
+            reduce_with_sum(model)  # fully_shard ran in accelerator.prepare; the first reduce-scatter is ahead
+            self._summing = model
         if (
             self._unused is None
             and self.args.use_hpu_graphs_for_training

@@ -347,6 +347,12 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
                 f"{graphs} cannot be combined with --fsdp: FSDP gathers each layer's parameters into fresh memory at "
                 "every forward, which a replayed graph would not see; drop one (with FSDP, --torch_compile instead)."
             )
+        if self.fsdp and self.use_lazy_mode:
+            fail(
+                "--use_lazy_mode cannot be combined with --fsdp: FSDP frees and regrows each gathered parameter's "
+                "memory at every step, which a Gaudi's lazy kernels abort on (set_); train FSDP in eager mode (drop "
+                "--use_lazy_mode, or pass --use_lazy_mode False; --torch_compile to compile)."
+            )
         if self.deepspeed and importlib.util.find_spec("deepspeed") is None:
             fail("--deepspeed needs DeepSpeed: pip install deepspeed (on a Gaudi, Habana's DeepSpeed fork).")
         if isinstance(self.deepspeed, str) and not self.deepspeed.lstrip().startswith("{"):

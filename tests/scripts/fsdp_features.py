@@ -118,37 +118,41 @@ def final_model(trainer: GaudiTrainer, folder: str) -> dict:
 
 
 def resume(out_dir: str) -> dict:
-    """4 steps saving SHARDED_STATE_DICT checkpoints every 2, then the last 2 again from checkpoint-2."""
+    """4 steps saving SHARDED_STATE_DICT checkpoints every 2, then the last 2 again from checkpoint-2; then the same
+    4 steps under DDP, whose gradients FSDP's must equal (each rank's batch, averaged over the ranks)."""
     with open(HABANA_FSDP_CONFIG, encoding="utf-8") as f:
         fsdp_config = {**json.load(f), "fsdp_state_dict_type": "SHARDED_STATE_DICT"}
     config = GaudiConfig(use_fused_adam=True, use_fused_clip_norm=True, use_torch_autocast=True)
     runs = {}
-    for name, checkpoint in (("whole", None), ("resumed", os.path.join(out_dir, "whole", "checkpoint-2"))):
+    checkpoint_2 = os.path.join(out_dir, "whole", "checkpoint-2")
+    for name, checkpoint in (("whole", None), ("resumed", checkpoint_2), ("ddp", None)):
+        sharding = {} if name == "ddp" else {"fsdp": "auto_wrap", "fsdp_config": fsdp_config}
         args = GaudiTrainingArguments(
             output_dir=os.path.join(out_dir, name), max_steps=4, logging_steps=1, save_steps=2, report_to="none",
             train_sampling_strategy="sequential", learning_rate=1e-3, seed=0, disable_tqdm=True, use_habana=True,
-            per_device_train_batch_size=4, bf16=True, fsdp="auto_wrap", fsdp_config=fsdp_config,
+            per_device_train_batch_size=4, bf16=True, save_strategy="no" if name == "ddp" else "steps", **sharding,
         )  # fmt: skip
         fresh_state()
         trainer = GaudiTrainer(model=tiny.llama(), args=args, train_dataset=tiny.lm_data(), gaudi_config=config)
         steps = StepsRun()
         trainer.add_callback(steps)
         trainer.train(resume_from_checkpoint=checkpoint)
-        if checkpoint is None:
+        if name == "whole":
             runs["final"] = final_model(trainer, os.path.join(out_dir, "final"))
+        simulator = sys.modules.get("habana_frameworks")  # what the simulated bridge saw under FSDP
+        if name == "resumed" and simulator is not None:
+            runs["bridge_calls"] = sorted({n for n in simulator.names() if n.startswith(("distributed.", "hpex."))})
         logs = [h for h in trainer.state.log_history if "loss" in h]
         runs[name] = {
             "steps_run": steps.run,
             "losses": [h["loss"] for h in logs],
+            "grad_norms": [h["grad_norm"] for h in logs],
             "optimizer": type(trainer.optimizer.optimizer).__name__,
             "device": str(next(trainer.model.parameters()).device),
             "memory": {k: v for k, v in logs[-1].items() if "memory" in k},
         }
     saved = Path(out_dir, "whole", "checkpoint-2")
     runs["checkpoint"] = sorted(str(p.relative_to(saved)) for p in saved.rglob("*") if p.is_file())
-    simulator = sys.modules.get("habana_frameworks")  # what the simulated bridge saw (its log is written at exit)
-    if simulator is not None:
-        runs["bridge_calls"] = sorted({n for n in simulator.names() if n.startswith(("distributed.", "hpex."))})
     return runs
 
 
