@@ -40,14 +40,15 @@ _PLUMBING = ("habana_frameworks", "torch.distributed.distributed_c10d", "torch.d
              "torch.utils._contextlib", "contextlib", "functools", "torch.autograd", "torch._tensor")  # fmt: skip
 
 
-def _issuers(limit: int = 8) -> tuple[str, ...]:
-    """The modules on the Python stack below the collective, innermost first (each once)."""
+def _issuers(limit: int = 12) -> tuple[str, ...]:
+    """``module:function`` of the frames on the Python stack below the collective, innermost first (each once)."""
     found: list[str] = []
     frame = sys._getframe(1)
     while frame is not None and len(found) < limit:
         module = frame.f_globals.get("__name__", "?")
-        if not module.startswith(_PLUMBING) and module not in found:
-            found.append(module)
+        where = f"{module}:{frame.f_code.co_name}"
+        if not module.startswith(_PLUMBING) and where not in found:
+            found.append(where)
         frame = frame.f_back
     return tuple(found)
 
@@ -271,6 +272,46 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
         return self._gloo.barrier(opts or dist.BarrierOptions())
 
 
+# distributed/hccl/__init__.py COLLECTIVE_BASE_NAMES: a torch.distributed function whose name holds one of these
+_COLLECTIVE_NAMES = ("all_gather", "all_reduce", "all_to_all", "barrier", "broadcast", "gather", "irecv", "isend",
+                     "recv", "reduce", "scatter", "send")  # fmt: skip
+
+
+def _disallow_collectives_in_graph() -> None:
+    """As the bridge's ``_disallow_collectives_in_graph`` at import (a work-around for pytorch issue 102478): every
+    collective function of ``torch.distributed`` is disallowed in dynamo graphs, with torch's own helper. On torch
+    2.13 dynamo first rewrites a traced ``dist.all_reduce`` (and the other traceable collectives) into its
+    functional form (``_c10d_functional``), which the disallowed list does not hold: the collective enters the
+    graph, on the real bridge as here. Taken back when the simulator unloads (in-process tests import it often)."""
+    import inspect
+    import warnings
+
+    import torch._dynamo
+    from torch._dynamo import trace_rules
+
+    sets = (trace_rules._allowed_callable_ids, trace_rules._nonstrict_trace_callable_ids)
+    changed = []
+    for member in dir(dist):
+        with warnings.catch_warnings():  # dist.reduce_op's deprecation warning: noise, not behaviour to model
+            warnings.simplefilter("ignore")
+            function = getattr(dist, member)
+            is_function = inspect.isfunction(function)
+        if is_function and any(name in function.__name__ for name in _COLLECTIVE_NAMES):
+            before = [id(function) in ids for ids in (*sets, trace_rules._disallowed_callable_ids)]
+            torch._dynamo.decorators._disallow_in_graph_helper(False)(function)
+            changed.append((function, before))
+
+    def undo() -> None:
+        for function, (allowed, nonstrict, disallowed) in changed:
+            if not disallowed:
+                trace_rules._disallowed_callable_ids.remove(id(function))
+            for ids, was in zip(sets, (allowed, nonstrict), strict=True):
+                if was:
+                    ids.add(id(function))
+
+    _hf.on_unload(undo)
+
+
 def _destroy_at_exit() -> None:
     """The group is a Python object holding a gloo group: destroyed during interpreter teardown, gloo's threads
     could abort a rank on its way out. An atexit hook (a simulator artifact; the real group is C++) destroys it
@@ -279,6 +320,8 @@ def _destroy_at_exit() -> None:
         dist.destroy_process_group()
 
 
+if dist.is_available():
+    _disallow_collectives_in_graph()
 if dist.is_available() and hasattr(dist, "ProcessGroupGloo") and _device.loaded():
     atexit.register(_destroy_at_exit)
     dist.Backend.register_backend("hccl", _ProcessGroupHCCL, devices=["hpu"])
