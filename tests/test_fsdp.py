@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import census
 import pytest
 import tiny
 from conftest import FAKES, TORCHAO_DIR, has_torchao, use_torchao
@@ -89,15 +90,31 @@ def test_fsdp_with_each_gaudi_feature_trains_as_ddp_and_one_process(tmp_path):
         assert ranks[rank]["fsdp"]["fused"]["memory"]["max_memory_allocated (GB)"] > 0
 
 
-def test_fsdp_on_two_simulated_gaudis_saves_sharded_checkpoints_and_resumes(tmp_path):
+@pytest.fixture(scope="module")
+def two_simulated_gaudis(tmp_path_factory) -> tuple[Path, dict[int, dict]]:
+    """One launch on 2 simulated Gaudis (software 1.21, eager), 'hccl' on hpu tensors: FSDP saved and resumed, DDP,
+    and fp8 under DDP saved and resumed (tests/scripts/fsdp_features.py ``resume``); the folder and each rank's
+    results. The Transformer Engine keeps its scaling state as an io.BytesIO here (FAKE_HPU_TE_EXTRA_STATE)."""
+    tmp_path = tmp_path_factory.mktemp("gaudis")
+    path = os.pathsep.join(filter(None, [FAKES, os.environ.get("PYTHONPATH")]))
+    env = {"PYTHONPATH": path, "FAKE_HPU_DEVICE": "1", "FAKE_HPU_DEVICE_COUNT": "2", "FAKE_HPU_SOFTWARE": "1.21"}
+    env.update(FAKE_HPU_CALL_LOG=str(tmp_path / "simulator.json"), FAKE_HPU_TE_EXTRA_STATE="bytesio")
+    return tmp_path, torchrun(tmp_path, "resume", [], **env)
+
+
+def test_fsdp_on_two_simulated_gaudis_saves_sharded_checkpoints_and_resumes(two_simulated_gaudis):
     """Gaudi software 1.21 (eager), 'hccl' on hpu tensors: the Llama trains with the fused-AdamW, fused-clip and
     autocast config (the bridge's FusedAdamW takes no DTensor: torch's AdamW), its gradients reduce-scattered with
     SUM and divided (HCCL has no AVG: collective_utils.cpp) to DDP's, saves SHARDED_STATE_DICT checkpoints, and a
     run resumed from step 2 trains steps 3 and 4 to the uninterrupted run's losses; its ``save_model`` writes the
     folder plain transformers loads, with the trained weights."""
-    path = os.pathsep.join(filter(None, [FAKES, os.environ.get("PYTHONPATH")]))
-    env = {"PYTHONPATH": path, "FAKE_HPU_DEVICE": "1", "FAKE_HPU_DEVICE_COUNT": "2", "FAKE_HPU_SOFTWARE": "1.21"}
-    ranks = torchrun(tmp_path, "resume", [], **env)
+    tmp_path, ranks = two_simulated_gaudis
+    # every collective on 'hccl' one the bridge maps and docs/collectives.md lists; FSDP's gradients summed
+    issued = {census.key(entry) for entry in census.check(tmp_path / "simulator.json", range(2))}
+    assert ("FSDP2", "reduce_scatter_tensor", "SUM", "float32") in issued
+    assert ("FSDP2", "allgather_into_tensor", "-", "bfloat16") in issued  # the autocast's bf16 gathers
+    assert ("gradient clipping", "allreduce", "SUM", "float32") in issued
+    assert {"torch.distributed.checkpoint", "DDP", census.DDP_REDUCER} <= {key[0] for key in issued}
     for rank in (0, 1):
         run = ranks[rank]
         assert run["whole"]["device"].startswith("hpu") and run["whole"]["steps_run"] == [1, 2, 3, 4]
@@ -115,6 +132,21 @@ def test_fsdp_on_two_simulated_gaudis_saves_sharded_checkpoints_and_resumes(tmp_
         assert {f"{part}/__0_0.distcp", f"{part}/__1_0.distcp", f"{part}/.metadata"} <= set(files)
     final = ranks[0]["final"]  # save_model's rows went to rank 0 over gloo, beside hccl
     assert {"model.safetensors", "config.json", "gaudi_config.json"} <= set(final["files"]) and final["equal"] is True
+
+
+def test_fp8_scaling_state_is_each_ranks_own_and_resumed_exactly_on_two_simulated_gaudis(two_simulated_gaudis):
+    """optimum-habana's recipe (reduce_amax=False): each card keeps its own amax history; every rank saves its own
+    into the checkpoint and loads its own, so the resumed run's losses and each rank's histories equal the
+    uninterrupted run's. The modules' ``_extra_state`` is an io.BytesIO here, kept as well as a tensor."""
+    _, ranks = two_simulated_gaudis
+    histories = []
+    for rank in (0, 1):
+        fp8 = ranks[rank]["fp8"]
+        assert {"fp8_scaling_state.rank0.pt", "fp8_scaling_state.rank1.pt"} <= set(fp8["checkpoint"])
+        assert fp8["fp8_resumed"]["losses"][-2:] == fp8["fp8_whole"]["losses"][-2:]
+        assert fp8["fp8_resumed"]["amax"] == fp8["fp8_whole"]["amax"] and fp8["fp8_whole"]["amax"]
+        histories.append(fp8["fp8_whole"]["amax"])
+    assert histories[0] != histories[1]  # each rank scaled its own batches
 
 
 # ---- what optimum-habana's users pass -------------------------------------------------------------------------

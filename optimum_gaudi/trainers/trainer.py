@@ -416,7 +416,7 @@ class GaudiTrainerMixin(TrainerShims):
     def _restore_fp8_scaling(self, model: nn.Module) -> None:
         source = self._fp8_scaling_from
         if source is not None and getattr(model, "_gaudi_fp8", None) is not None:
-            load_scaling_state(model, source)
+            load_scaling_state(model, source, self.args.process_index, self.args.world_size)
             self._fp8_scaling_from = None
 
     def _prepare_compile(self, model: nn.Module) -> None:
@@ -723,8 +723,10 @@ class GaudiTrainerMixin(TrainerShims):
             finally:
                 self._staging_root = None
             saved = staging / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            if self._fp8 is not None and self.args.should_save and saved.is_dir():
-                save_scaling_state(self.accelerator.unwrap_model(model), str(saved))
+            if self._fp8 is not None and saved.is_dir():  # every rank its own amax history
+                save_scaling_state(
+                    self.accelerator.unwrap_model(model), str(saved), self.args.process_index, self.args.world_size
+                )
             totals = getattr(self, "_run_totals", None)
             if self.args.should_save and totals is not None and saved.is_dir():
                 (saved / RUN_TOTALS_FILE).write_text(json.dumps(totals, indent=1), encoding="utf-8")

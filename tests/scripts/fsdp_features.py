@@ -3,7 +3,8 @@
 `fsdp_features.py OUT.json MODES [CASE...]`, MODES a comma-separated list of fsdp / ddp / single: each case in
 each mode, at the same global batch (8 rows a step), so a test compares sharded, replicated and one-process runs
 case by case. MODES `resume` instead trains a Llama with FSDP and the Gaudi features on whatever device the run
-has (the simulated Gaudi in the tests), saving sharded checkpoints, then resumes from the first one.
+has (the simulated Gaudi in the tests), saving sharded checkpoints, then resumes from the first one; then the same
+under DDP, and an fp8 (Transformer Engine) training under DDP saved and resumed.
 """
 
 import json
@@ -119,10 +120,12 @@ def final_model(trainer: GaudiTrainer, folder: str) -> dict:
 
 def resume(out_dir: str) -> dict:
     """4 steps saving SHARDED_STATE_DICT checkpoints every 2, then the last 2 again from checkpoint-2; then the same
-    4 steps under DDP, whose gradients FSDP's must equal (each rank's batch, averaged over the ranks)."""
+    4 steps under DDP, whose gradients FSDP's must equal (each rank's batch, averaged over the ranks). The loss is
+    the fused linear cross-entropy's (the head gathered for it under FSDP)."""
     with open(HABANA_FSDP_CONFIG, encoding="utf-8") as f:
         fsdp_config = {**json.load(f), "fsdp_state_dict_type": "SHARDED_STATE_DICT"}
-    config = GaudiConfig(use_fused_adam=True, use_fused_clip_norm=True, use_torch_autocast=True)
+    config = GaudiConfig(use_fused_adam=True, use_fused_clip_norm=True, use_torch_autocast=True,
+                         use_fused_linear_cross_entropy=True)  # fmt: skip
     runs = {}
     checkpoint_2 = os.path.join(out_dir, "whole", "checkpoint-2")
     for name, checkpoint in (("whole", None), ("resumed", checkpoint_2), ("ddp", None)):
@@ -156,12 +159,44 @@ def resume(out_dir: str) -> dict:
     return runs
 
 
+def amax_histories(model) -> dict[str, list]:
+    """This rank's Transformer Engine amax histories (and step counts), by module."""
+    return {
+        name: {key: [meta.steps, meta.amax_history[: meta.steps].tolist()] for key, meta in module.fp8_meta.items()
+               if key != "recipe"}
+        for name, module in model.named_modules() if hasattr(module, "fp8_meta")
+    }  # fmt: skip
+
+
+def fp8_per_rank(out_dir: str) -> dict:
+    """--fp8 (the Transformer Engine, optimum-habana's recipe: each card its own amax history) under DDP: 4 steps
+    with a checkpoint at 2, then steps 3 and 4 again from it; each rank's losses, amax histories and saved files."""
+    runs = {}
+    checkpoint_2 = os.path.join(out_dir, "fp8_whole", "checkpoint-2")
+    for name, checkpoint in (("fp8_whole", None), ("fp8_resumed", checkpoint_2)):
+        args = GaudiTrainingArguments(
+            output_dir=os.path.join(out_dir, name), max_steps=4, logging_steps=1, save_steps=2, report_to="none",
+            train_sampling_strategy="sequential", learning_rate=3e-3, seed=0, disable_tqdm=True, use_habana=True,
+            per_device_train_batch_size=4, bf16=True, fp8=True,
+        )  # fmt: skip
+        fresh_state()
+        trainer = GaudiTrainer(model=tiny.llama(), args=args, train_dataset=tiny.lm_data())
+        trainer.train(resume_from_checkpoint=checkpoint)
+        runs[name] = {
+            "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+            "amax": amax_histories(trainer.accelerator.unwrap_model(trainer.model)),
+        }
+    runs["checkpoint"] = sorted(os.listdir(checkpoint_2))
+    return runs
+
+
 def main() -> None:
     out, modes, names = sys.argv[1], sys.argv[2].split(","), sys.argv[3:] or list(CASES)
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING)
     if modes == ["resume"]:
         results = resume(os.path.dirname(out))
+        results["fp8"] = fp8_per_rank(os.path.dirname(out))
     else:
         results = {mode: {name: run_case(name, mode, os.path.join(os.path.dirname(out), mode)) for name in names}
                    for mode in modes}  # fmt: skip
