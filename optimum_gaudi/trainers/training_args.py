@@ -42,6 +42,18 @@ DEFAULT_MAX_HPU_GRAPHS = 10  # ModuleCacher's default in the bridge (hpu/graphs.
 _FSDP_DEFAULT_VERSION = 2 if int(transformers.__version__.split(".")[0]) >= 5 else 1
 
 
+def _fsdp_problem() -> str | None:
+    """--fsdp here is transformers 5's (FSDP2, its plugin arguments, sharded checkpoints, the streamed final save).
+    On 4.57 accelerate's FSDP plugin stops a CPU run inside the Trainer ("There are currently no available devices
+    found": sync_module_states wants an accelerator) and the final save needs 5.x's helpers: one line first."""
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        return None
+    return (
+        f"--fsdp needs transformers 5 here (this is {transformers.__version__}): pip install -U 'transformers>=5', "
+        "or train without --fsdp (DDP, or --deepspeed)."
+    )
+
+
 class GaudiArgumentError(UserError, ValueError):
     """A Gaudi flag, or a combination of flags, that cannot work; the message says how to fix it."""
 
@@ -284,6 +296,9 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             )
             self.torch_compile_backend = self.gaudi_device.compile_backend
         if self.fsdp:  # optimum-habana's fsdp_config.json (FSDP1's keys) as FSDP2 settings transformers reads
+            problem = _fsdp_problem()
+            if problem is not None:
+                raise GaudiArgumentError(problem)
             self.fsdp_config = fsdp2_config(read_fsdp_config(self.fsdp_config), _FSDP_DEFAULT_VERSION)
         super().__post_init__()
         self._check_deepspeed_config()

@@ -221,6 +221,26 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
 
     all_gather_single = _allgather_base  # torch 2.13's name for all_gather_into_tensor
 
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        """``process_group_hccl_base.cpp``: one all-gather into a tensor per pair (functional collectives, as
+        DTensor's ``full_tensor``, come this way)."""
+        for output, input in zip(outputs, inputs, strict=True):
+            self._allgather_base(output, input, opts)
+        return _DoneWork(outputs)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        """``process_group_hccl_base.cpp``: one reduce-scatter into a tensor per pair."""
+        for output, input in zip(outputs, inputs, strict=True):
+            self._reduce_scatter_base(output, input, opts)
+        return _DoneWork(outputs)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        """``process_group_hccl_base.cpp``: the all-reduce of the same tensors."""
+        options = dist.AllreduceOptions()
+        if opts is not None:
+            options.reduceOp = opts.reduceOp
+        return self.allreduce(tensors, options)
+
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """``ProcessGroupHcclBase::alltoall_base`` (``process_group_hccl_base.cpp``): one tensor in, one out."""
         opts = opts or dist.AllToAllOptions()
