@@ -10,8 +10,8 @@ a saved model is the user's own class and loads in plain transformers.
 
 On a Gaudi the Transformer Engine keeps scaling state in its modules (``_extra_state``): a checkpoint carries it
 in a file of its own (:data:`SCALING_STATE_FILE`, one per rank on several), so a resumed run scales its first
-steps as the uninterrupted run did on every card, while the saved weights stay plain. The recipe is optimum-habana's unless the user gives one
-(``--fp8_recipe``, configuration/fp8_recipe.py).
+steps as the uninterrupted run did on every card, while the saved weights stay plain. The recipe is
+optimum-habana's unless the user gives one (``--fp8_recipe``, configuration/fp8_recipe.py).
 """
 
 from __future__ import annotations
@@ -135,19 +135,18 @@ def save_scaling_state(model: nn.Module, directory: str, rank: int = 0, world_si
 
 def load_scaling_state(model: nn.Module, directory: str, rank: int = 0, world_size: int = 1) -> bool:
     """From a checkpoint, where it has one: the modules scale their next steps as before the interruption, each
-    rank from its own file. A checkpoint of one rank (or of fewer ranks than this run) gives every rank rank 0's
-    history, said once."""
+    rank from its own file. A rank the checkpoint has none for (saved on fewer ranks) takes rank 0's, said."""
     path = _scaling_file(directory, rank, world_size)
     if not os.path.isfile(path):
         fallback = [_scaling_file(directory, 0, n) for n in (1, 2)]
         path = next((candidate for candidate in fallback if os.path.isfile(candidate)), None)
         if path is None:
             return False
-        if world_size > 1 and rank == 0:
+        if world_size > 1:
             logger.warning(
-                "--fp8: the checkpoint holds no scaling state for some of these %d ranks; they start from rank 0's "
-                "amax history.",
-                world_size,
+                "--fp8: the checkpoint holds no scaling state of rank %d (saved on fewer ranks); it starts from rank "
+                "0's amax history.",
+                rank,
             )
     state = torch.load(path, map_location="cpu", weights_only=True)
     expected = set(scaling_state(model))
