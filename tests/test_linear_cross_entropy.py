@@ -102,6 +102,39 @@ def test_loss_and_gradients_are_the_models_own(make, num_items):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+# Every op the fused loss runs besides the output layer, in the bf16 list: a user's list may name any of them
+EVERY_OP_BF16 = (
+    "linear mm addmm matmul mul sub add sum amax exp log gather where masked_fill scatter_add div true_divide neg "
+    "clone ne eq".split()
+)
+
+
+@pytest.mark.parametrize("bf16_ops", [None, EVERY_OP_BF16], ids=["habana-default-lists", "every-op-bf16"])
+def test_under_op_list_autocast_the_loss_is_summed_in_float32(bf16_ops):
+    """Habana's default lists put ``mul`` (and ``mean``, ``softmax``) in bf16 (hpu_ops/autocast_helpers.h): the
+    model's own loss is float32 cross-entropy on its bf16 logits, and so must the fused loss be, whatever else a
+    list names (issue 37: its per-token sum was bf16, 3.9e-4 from an fp32 reference against the model's 4.4e-5)."""
+    from optimum_gaudi.configuration.op_lists import resolve_op_lists
+    from optimum_gaudi.devices.autocast import OpListAutocast
+
+    model = llama()
+    reference = copy.deepcopy(model)
+    lists = OpListAutocast(*resolve_op_lists(bf16_ops, [] if bf16_ops else None))
+    with lists:
+        expected = reference(**batch())
+        with FusedLinearCrossEntropy.of(model).step():
+            got = model(**batch())
+    assert expected.logits.dtype == torch.bfloat16  # the head did run in bf16
+    fp32_loss = ForCausalLMLoss(expected.logits.float(), batch()["labels"], VOCAB)  # of those logits, no autocast
+    assert got.loss.dtype == torch.float32
+    torch.testing.assert_close(got.loss, fp32_loss, rtol=2e-6, atol=0)
+    if bf16_ops is None:  # the model's own loss is that too
+        torch.testing.assert_close(got.loss, expected.loss, rtol=2e-6, atol=0)
+    expected.loss.backward()
+    got.loss.backward()
+    torch.testing.assert_close(model.lm_head.weight.grad, reference.lm_head.weight.grad, rtol=2e-2, atol=1e-4)
+
+
 def test_function_matches_for_causal_lm_loss_with_shift_labels_and_no_grad():
     g = torch.Generator().manual_seed(0)
     hidden, weight = torch.randn(2, 7, 16, generator=g), torch.randn(VOCAB, 16, generator=g)

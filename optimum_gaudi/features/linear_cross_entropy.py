@@ -58,8 +58,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """Sum over the tokens of cross-entropy(hidden @ weight.T + bias, targets); gradients made in the forward."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, ignore_index, chunk, grad_hidden, grad_weight):
-        compute = F.linear(hidden[:1], weight).dtype  # what autocast (if any) makes of the output layer
+    def forward(ctx, hidden, weight, bias, targets, ignore_index, chunk, grad_hidden, grad_weight, compute):
         h, w, b = hidden.to(compute), weight.to(compute), None if bias is None else bias.to(compute)
         total = hidden.new_zeros((), dtype=torch.float32)
         gh = torch.empty_like(hidden) if grad_hidden else None
@@ -114,7 +113,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             None if gh is None else gh.mul_(grad_total.to(gh.dtype)),
             None if gw is None else gw.mul_(grad_total).to(weight_dtype),
             None if gb is None else gb.mul_(grad_total).to(bias_dtype),
-            *(None,) * 5,
+            *(None,) * 6,
         )
 
 
@@ -137,15 +136,26 @@ def linear_cross_entropy(
     hidden = hidden.reshape(-1, hidden.shape[-1])
     grads = torch.is_grad_enabled()
     chunk = chunk_tokens or max(1, CHUNK_ELEMENTS // weight.shape[0])
-    total = _LinearCrossEntropy.apply(
-        hidden, weight, bias, targets, ignore_index, chunk, grads and hidden.requires_grad,
-        grads and (weight.requires_grad or (bias is not None and bias.requires_grad)),
-    )  # fmt: skip
-    if num_items_in_batch is None:
-        return total / (targets != ignore_index).sum()
-    if torch.is_tensor(num_items_in_batch):
-        num_items_in_batch = num_items_in_batch.to(total.device)
-    return total / num_items_in_batch
+    compute = F.linear(hidden[:1], weight).dtype  # what autocast (if any) makes of the output layer
+    with _autocast_off(hidden.device.type):
+        total = _LinearCrossEntropy.apply(
+            hidden, weight, bias, targets, ignore_index, chunk, grads and hidden.requires_grad,
+            grads and (weight.requires_grad or (bias is not None and bias.requires_grad)), compute,
+        )  # fmt: skip
+        if num_items_in_batch is None:
+            return total / (targets != ignore_index).sum()
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
+
+
+def _autocast_off(device_type: str) -> contextlib.AbstractContextManager:
+    """Autocast off around the loss: its matmuls run in the dtype the output layer computes in under the caller's
+    autocast (cast explicitly), everything else in float32 whatever an op list names. Habana's default lists put
+    ``mul`` in bf16 (hpu_ops/autocast_helpers.h), which made the per-token sum bf16."""
+    if not torch.amp.is_autocast_available(device_type):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, enabled=False)
 
 
 def _head_problem(model: nn.Module) -> str | None:
