@@ -30,23 +30,33 @@ SHAPE = dict(
 )  # fmt: skip
 TINY_SHAPE = {**SHAPE, "num_hidden_layers": 2, "vocab_size": 4096, "hidden_size": 72, "intermediate_size": 192}
 TINY_SEQUENCE, TINY_TOKENIZER_VOCAB = 64, 4096
-VARIANTS = {"full_logits": False, "fused_linear_cross_entropy": True}
+# the compiled variants: the decoder blocks and the loss (the model's loss_function, or the fused loss's chunk step)
+COMPILE = dict(torch_compile=True, use_regional_compilation=True, torch_compile_backend="inductor")
+# variant: (--use_fused_linear_cross_entropy, --torch_compile --use_regional_compilation with inductor)
+VARIANTS = {
+    "full_logits": (False, False),
+    "fused_eager": (True, False),
+    "full_logits_compiled": (False, True),
+    "fused_compiled": (True, True),
+}
 
 
 def run_once(variant: str, shape: dict, sequence: int, tokenizer_vocab: int, steps: int, warmup: int) -> list:
-    """[steady steps/s, peak RSS in bytes, the loss of every step] of one training run in this process."""
+    """[steady steps/s, peak RSS in bytes, the loss of every step, CPU seconds a steady step] of one training run
+    in this process."""
     train = blocks(steps * BATCH, sequence, tokenizer_vocab)
     clock = StepClock(warmup)
     with tempfile.TemporaryDirectory() as out:
         args = GaudiTrainingArguments(
             output_dir=out, max_steps=steps, per_device_train_batch_size=BATCH, learning_rate=1e-3, seed=0,
             report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_pin_memory=False,
-            use_cpu=True, use_fused_linear_cross_entropy=VARIANTS[variant],
+            use_cpu=True, use_fused_linear_cross_entropy=VARIANTS[variant][0], **(COMPILE if VARIANTS[variant][1] else {}),
         )  # fmt: skip
         trainer = GaudiTrainer(model=llama(shape), args=args, train_dataset=train, callbacks=[clock])
         trainer.train()
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    return [1 / clock.seconds_per_step, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, losses]
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return [1 / clock.seconds_per_step, rss, losses, clock.cpu_seconds_per_step]
 
 
 def cpu_name() -> str:
@@ -59,26 +69,37 @@ def cpu_name() -> str:
     return names[0] if names else platform.processor() or platform.machine()
 
 
-def run(repeats: int = 2, steps: int = 3, warmup: int = 1, tiny: bool = False, log=print) -> tuple[str, dict]:
-    """A markdown section and the medians {variant: (steps/s, peak RSS)}, "loss_diff" (largest relative)."""
+def run(repeats: int = 2, steps: int = 4, warmup: int = 2, tiny: bool = False, log=print) -> tuple[str, dict]:
+    """A markdown section and the medians {variant: (steps/s, peak RSS)}, "loss_diff" (largest relative, between
+    the full logits and each fused variant)."""
     shape, sequence, vocab = (
         (TINY_SHAPE, TINY_SEQUENCE, TINY_TOKENIZER_VOCAB) if tiny else (SHAPE, SEQUENCE, TOKENIZER_VOCAB)
     )
     results = {v: [] for v in VARIANTS}
     for r in range(repeats):  # interleaved, so drift in machine speed hits both variants alike
         for variant in VARIANTS:
-            sps, rss, losses = in_new_process("benchmarks.fused_loss", [variant, shape, sequence, vocab, steps, warmup])
-            results[variant].append((sps, rss, losses))
-            log(f"  fused loss {variant} run {r + 1}: {sps:.3f} steps/s, peak RSS {rss / 2**30:.2f} GiB")
-    medians = {v: (median([x[0] for x in rs]), median([x[1] for x in rs])) for v, rs in results.items()}
-    full, fused = results["full_logits"][0][2], results["fused_linear_cross_entropy"][0][2]
-    loss_diff = max(abs(a - b) / abs(a) for a, b in zip(full, fused, strict=True))
-    base_sps, base_rss = medians["full_logits"]
+            sps, rss, losses, cpu = in_new_process(
+                "benchmarks.fused_loss", [variant, shape, sequence, vocab, steps, warmup]
+            )
+            results[variant].append((sps, rss, losses, cpu))
+            log(
+                f"  fused loss {variant} run {r + 1}: {sps:.3f} steps/s, {cpu:.1f} CPU s/step, peak RSS {rss / 2**30:.2f} GiB"
+            )
+    medians = {v: tuple(median([x[i] for x in rs]) for i in (0, 1, 3)) for v, rs in results.items()}
+    full = results["full_logits"][0][2]
+    loss_diff = max(
+        abs(a - b) / abs(a)
+        for variant in ("fused_eager", "fused_compiled", "full_logits_compiled")
+        for a, b in zip(full, results[variant][0][2], strict=True)
+    )
+    base_sps, base_rss, base_cpu = medians["full_logits"]
     rows = [
-        [variant, f"{sps:.3f}", f"{sps / base_sps:.2f}x", f"{rss / 2**30:.2f}", f"{rss / base_rss:.2f}x"]
-        for variant, (sps, rss) in medians.items()
-    ]
-    table = markdown_table(["variant", "steps/s (median)", "vs full_logits", "peak RSS, GiB", "vs full_logits"], rows)
+        [variant, f"{sps:.3f}", f"{sps / base_sps:.2f}x", f"{cpu:.1f}", f"{base_cpu / cpu:.2f}x", f"{rss / 2**30:.2f}",
+         f"{rss / base_rss:.2f}x"]
+        for variant, (sps, rss, cpu) in medians.items()
+    ]  # fmt: skip
+    header = ["variant", "steps/s (median)", "vs full_logits", "CPU s/step", "steps per CPU-s vs full_logits"]
+    table = markdown_table([*header, "peak RSS, GiB", "vs full_logits"], rows)
     logits_gib = BATCH * sequence * shape["vocab_size"] * 4 / 2**30
     cpu = f"{cpu_name()} (torch's CPU capability: {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores)"
     text = (
@@ -87,9 +108,12 @@ def run(repeats: int = 2, steps: int = 3, warmup: int = 1, tiny: bool = False, l
         f"heads over {shape['num_key_value_heads']} key/value heads, tied embeddings) and a vocabulary of "
         f"{shape['vocab_size']:,}: {parameters(shape) / 1e6:.1f}M parameters, on {cpu}. Sequence {sequence}, batch {BATCH}, "
         f"fp32: the full logits of a step take {logits_gib:.2f} GiB. GaudiTrainer (AdamW) without and with "
-        f"--use_fused_linear_cross_entropy, each run its own process (peak RSS of that process), {repeats} runs "
-        f"each, interleaved; {warmup} warm-up step left out, {steps - warmup} steps timed. The losses the Trainer "
-        f"logs (4 decimals) for the same step differ by at most {loss_diff:.1e} (relative) between the variants.\n\n{table}"
+        f"--use_fused_linear_cross_entropy, eager and with --torch_compile --use_regional_compilation (inductor: "
+        f"the decoder blocks, and the loss: the model's cross-entropy over the full logits, or the fused loss's "
+        f"chunk step, its matmuls in place beside it), each run its own process (peak RSS of that process, "
+        f"compilation included), {repeats} runs each, interleaved; {warmup} warm-up steps left out (compilation), "
+        f"{steps - warmup} steps timed. The losses the Trainer logs (4 decimals) for the same step differ by at "
+        f"most {loss_diff:.1e} (relative) between the variants.\n\n{table}"
     )
     log(text)
     return text, {**medians, "loss_diff": loss_diff}

@@ -207,6 +207,29 @@ def test_the_weight_gradient_is_accumulated_in_one_buffer():
     assert len(seen.storages - {weight.untyped_storage().data_ptr()}) == 1
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (tests/scripts/device_check.sh runs it on one)")
+@pytest.mark.parametrize("chunk_step", ["eager", "inductor"])
+def test_on_cuda_under_bf16_autocast_the_weight_gradient_is_added_into_float32_in_place(chunk_step):
+    """torch's CUDA addmm writes a bf16 product into the float32 gradient (out_dtype): probed once, then used for
+    every chunk; loss and gradients those of the full logits under the same autocast."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 24, 64, generator=g).cuda().requires_grad_()
+    weight = torch.randn(VOCAB, 64, generator=g).cuda().requires_grad_()
+    labels = torch.randint(0, VOCAB, (2, 24), generator=g).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = torch.nn.functional.linear(hidden, weight)
+    expected = ForCausalLMLoss(logits.float(), labels, VOCAB)
+    want = torch.autograd.grad(expected, [hidden, weight])
+    step = fused_loss.compiled_chunk(backend="inductor") if chunk_step == "inductor" else None
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got = linear_cross_entropy(hidden, weight, labels, chunk_tokens=16, compiled_chunk=step)
+    grads = torch.autograd.grad(got, [hidden, weight])
+    assert fused_loss._MIXED_ADDMM.get("cuda") is True
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
+    for a, b in zip(grads, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=1e-4)
+
+
 @pytest.mark.parametrize("chunk_step", ["eager", "compiled"])
 def test_compiles_without_graph_breaks(chunk_step):
     """The whole model, its hooks and the fused loss, forward and backward, in one graph (a break raises): no break
