@@ -12,6 +12,12 @@ or scaling included, of one token a row, used to check the head once), and the m
 hook computes the loss from the hidden states, with ``ForCausalLMLoss``'s semantics (shifted labels or
 ``shift_labels``, ``ignore_index``, ``num_items_in_batch``). The same code runs on HPU, CUDA and CPU and
 compiles without graph breaks.
+
+The loss runs with autocast off: its matmuls in the dtype the output layer computes in under the caller's
+autocast, everything else in float32, whatever an op list names. With ``--torch_compile`` the per-chunk
+log-sum-exp and logit gradient (several passes over a chunk's logits when eager) is compiled with the model's
+backend, one graph per chunk shape; the matmuls stay outside it and write in place, so the weight's gradient
+is one float32 buffer however many chunks add to it.
 """
 
 from __future__ import annotations
