@@ -525,6 +525,8 @@ class GaudiTrainerMixin(TrainerShims):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         inner = self.accelerator.unwrap_model(model, keep_torch_compile=False)
         fused = fused_loss.FusedLinearCrossEntropy.of(inner, strict=self.args.use_fused_linear_cross_entropy)
+        if fused is not None and self._compile is not None and fused.compiled_chunk is None:
+            fused.compile_with(self._compile.compile_kwargs())  # with the model: its chunk step compiled
         with fused.step() if fused is not None else contextlib.nullcontext():
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
