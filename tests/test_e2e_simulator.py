@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import census
 import pytest
 import torch
 from conftest import FAKES, GAUDI_SOFTWARE, ON_DEVICE
@@ -108,6 +109,8 @@ def test_fast_ddp_with_hpu_graphs_on_two_processes(tmp_path, cache):
         assert log["names"].count("distributed.hccl.allreduce") >= 2  # fast_ddp's fused buffer, on hpu
         assert "hpu.ModuleCacher.capture" in log["names"] and log["names"].count("hpex.optimizers.FusedAdamW.step") == 2
         assert log["autocast_lists"] == expected_lists("gpt2")
+    issued = {census.key(entry) for entry in census.check(tmp_path / "simulator.json", range(2))}
+    assert ("fast_ddp", "allreduce", "SUM", "bfloat16") in issued  # the fused buffer in bf16 (the device's default)
 
 
 def load_run_clm():

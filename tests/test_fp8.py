@@ -331,3 +331,42 @@ def test_fp8_scaling_state_is_resumed_exactly(tmp_path, gaudi, monkeypatch):
         return [h["loss"] for h in trainer.state.log_history if "loss" in h and h["step"] > 3]
 
     assert len(losses(resumed)) == 3 and losses(resumed) == losses(whole)
+
+
+class _Scaled(torch.nn.Module):
+    """A module with Transformer Engine-like extra state: a tensor, or an io.BytesIO (the two forms TE uses)."""
+
+    def __init__(self, value: float, as_bytes: bool) -> None:
+        super().__init__()
+        self.value, self.as_bytes = value, as_bytes
+
+    def get_extra_state(self):
+        import io
+
+        if not self.as_bytes:
+            return torch.tensor([self.value])
+        buffer = io.BytesIO()
+        torch.save(self.value, buffer)
+        return buffer
+
+    def set_extra_state(self, state) -> None:
+        if isinstance(state, torch.Tensor):
+            self.value = float(state[0])
+        else:
+            state.seek(0)
+            self.value = torch.load(state)
+
+
+@pytest.mark.parametrize("as_bytes", [False, True])
+def test_fp8_scaling_state_files_are_per_rank_and_a_missing_rank_takes_rank_0s(tmp_path, as_bytes, caplog):
+    from optimum_gaudi.features.fp8 import load_scaling_state, save_scaling_state
+
+    for rank, value in ((0, 1.5), (1, 2.5)):
+        save_scaling_state(torch.nn.Sequential(_Scaled(value, as_bytes)), str(tmp_path), rank, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fp8_scaling_state.rank0.pt", "fp8_scaling_state.rank1.pt"]
+    for rank, value in ((0, 1.5), (1, 2.5)):
+        model = torch.nn.Sequential(_Scaled(0.0, as_bytes))
+        assert load_scaling_state(model, str(tmp_path), rank, 2) and model[0].value == value
+    model = torch.nn.Sequential(_Scaled(0.0, as_bytes))  # resumed on 4 ranks: rank 3 has no file of its own
+    assert load_scaling_state(model, str(tmp_path), 3, 4) and model[0].value == 1.5
+    assert "no scaling state of rank 3" in caplog.text

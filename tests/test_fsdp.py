@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import census
 import pytest
 import tiny
 from conftest import FAKES, TORCHAO_DIR, has_torchao, use_torchao
@@ -89,20 +90,40 @@ def test_fsdp_with_each_gaudi_feature_trains_as_ddp_and_one_process(tmp_path):
         assert ranks[rank]["fsdp"]["fused"]["memory"]["max_memory_allocated (GB)"] > 0
 
 
-def test_fsdp_on_two_simulated_gaudis_saves_sharded_checkpoints_and_resumes(tmp_path):
-    """Gaudi software 1.21 (eager), 'hccl' on hpu tensors: the Llama trains with the fused-AdamW, fused-clip and
-    autocast config (the bridge's FusedAdamW takes no DTensor: torch's AdamW), saves SHARDED_STATE_DICT
-    checkpoints, and a run resumed from step 2 trains steps 3 and 4 to the uninterrupted run's losses; its
-    ``save_model`` writes the folder plain transformers loads, with the trained weights."""
+@pytest.fixture(scope="module")
+def two_simulated_gaudis(tmp_path_factory) -> tuple[Path, dict[int, dict]]:
+    """One launch on 2 simulated Gaudis (software 1.21, eager), 'hccl' on hpu tensors: FSDP saved and resumed, DDP,
+    and fp8 under DDP saved and resumed (tests/scripts/fsdp_features.py ``resume``); the folder and each rank's
+    results. The Transformer Engine keeps its scaling state as an io.BytesIO here (FAKE_HPU_TE_EXTRA_STATE)."""
+    tmp_path = tmp_path_factory.mktemp("gaudis")
     path = os.pathsep.join(filter(None, [FAKES, os.environ.get("PYTHONPATH")]))
     env = {"PYTHONPATH": path, "FAKE_HPU_DEVICE": "1", "FAKE_HPU_DEVICE_COUNT": "2", "FAKE_HPU_SOFTWARE": "1.21"}
-    ranks = torchrun(tmp_path, "resume", [], **env)
+    env.update(FAKE_HPU_CALL_LOG=str(tmp_path / "simulator.json"), FAKE_HPU_TE_EXTRA_STATE="bytesio")
+    return tmp_path, torchrun(tmp_path, "resume", [], **env)
+
+
+def test_fsdp_on_two_simulated_gaudis_saves_sharded_checkpoints_and_resumes(two_simulated_gaudis):
+    """Gaudi software 1.21 (eager), 'hccl' on hpu tensors: the Llama trains with the fused-AdamW, fused-clip and
+    autocast config (the bridge's FusedAdamW takes no DTensor: torch's AdamW), its gradients reduce-scattered with
+    SUM and divided (HCCL has no AVG: collective_utils.cpp) to DDP's, saves SHARDED_STATE_DICT checkpoints, and a
+    run resumed from step 2 trains steps 3 and 4 to the uninterrupted run's losses; its ``save_model`` writes the
+    folder plain transformers loads, with the trained weights."""
+    tmp_path, ranks = two_simulated_gaudis
+    # every collective on 'hccl' one the bridge maps and docs/collectives.md lists; FSDP's gradients summed
+    issued = {census.key(entry) for entry in census.check(tmp_path / "simulator.json", range(2))}
+    assert ("FSDP2", "reduce_scatter_tensor", "SUM", "float32") in issued
+    assert ("FSDP2", "allgather_into_tensor", "-", "bfloat16") in issued  # the autocast's bf16 gathers
+    assert ("gradient clipping", "allreduce", "SUM", "float32") in issued
+    assert {"torch.distributed.checkpoint", "DDP", census.DDP_REDUCER} <= {key[0] for key in issued}
     for rank in (0, 1):
         run = ranks[rank]
         assert run["whole"]["device"].startswith("hpu") and run["whole"]["steps_run"] == [1, 2, 3, 4]
         assert run["resumed"]["steps_run"] == [3, 4]
         assert run["resumed"]["losses"] == pytest.approx(run["whole"]["losses"], abs=EXACT)
         assert run["whole"]["optimizer"] == run["resumed"]["optimizer"] == "AdamW"
+        # the mean of the ranks' gradients, as DDP's (bf16 all-gathers under FSDP: bf16's rounding apart)
+        assert run["whole"]["losses"] == pytest.approx(run["ddp"]["losses"], abs=BF16)
+        assert run["whole"]["grad_norms"] == pytest.approx(run["ddp"]["grad_norms"], rel=0.02)
         calls = run["bridge_calls"]
         assert {"distributed.hccl.allgather_into_tensor", "distributed.hccl.reduce_scatter_tensor"} <= set(calls)
         assert not any(name.startswith("hpex.") for name in calls)  # neither FusedAdamW nor FusedClipNorm
@@ -111,6 +132,21 @@ def test_fsdp_on_two_simulated_gaudis_saves_sharded_checkpoints_and_resumes(tmp_
         assert {f"{part}/__0_0.distcp", f"{part}/__1_0.distcp", f"{part}/.metadata"} <= set(files)
     final = ranks[0]["final"]  # save_model's rows went to rank 0 over gloo, beside hccl
     assert {"model.safetensors", "config.json", "gaudi_config.json"} <= set(final["files"]) and final["equal"] is True
+
+
+def test_fp8_scaling_state_is_each_ranks_own_and_resumed_exactly_on_two_simulated_gaudis(two_simulated_gaudis):
+    """optimum-habana's recipe (reduce_amax=False): each card keeps its own amax history; every rank saves its own
+    into the checkpoint and loads its own, so the resumed run's losses and each rank's histories equal the
+    uninterrupted run's. The modules' ``_extra_state`` is an io.BytesIO here, kept as well as a tensor."""
+    _, ranks = two_simulated_gaudis
+    histories = []
+    for rank in (0, 1):
+        fp8 = ranks[rank]["fp8"]
+        assert {"fp8_scaling_state.rank0.pt", "fp8_scaling_state.rank1.pt"} <= set(fp8["checkpoint"])
+        assert fp8["fp8_resumed"]["losses"][-2:] == fp8["fp8_whole"]["losses"][-2:]
+        assert fp8["fp8_resumed"]["amax"] == fp8["fp8_whole"]["amax"] and fp8["fp8_whole"]["amax"]
+        histories.append(fp8["fp8_whole"]["amax"])
+    assert histories[0] != histories[1]  # each rank scaled its own batches
 
 
 # ---- what optimum-habana's users pass -------------------------------------------------------------------------
@@ -168,6 +204,46 @@ def test_hpu_graphs_with_fsdp_are_refused_in_one_line(graphs, tmp_path):
         GaudiTrainingArguments(output_dir=str(tmp_path), fsdp="full_shard", **{graphs: True})
 
 
+def test_lazy_mode_with_fsdp_is_refused_in_one_line(tmp_path):
+    with pytest.raises(GaudiArgumentError, match=r"^--use_lazy_mode cannot be combined with --fsdp: FSDP frees") as e:
+        GaudiTrainingArguments(output_dir=str(tmp_path), fsdp="full_shard", use_lazy_mode=True)
+    assert "\n" not in str(e.value)
+
+
+LAZY_FSDP = """
+import sys
+import tiny
+from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
+from optimum_gaudi.errors import run_main
+
+def main(argv):
+    args = GaudiTrainingArguments(
+        output_dir=sys.argv[1], use_habana=True, use_lazy_mode=True, fsdp="full_shard auto_wrap", max_steps=1,
+        fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}, per_device_train_batch_size=2,
+        report_to="none", save_strategy="no", disable_tqdm=True,
+    )
+    GaudiTrainer(model=tiny.llama(), args=args, train_dataset=tiny.lm_data()).train()
+
+run_main(main, [])
+"""
+
+
+def test_lazy_mode_with_fsdp_on_a_simulated_gaudi_stops_at_the_arguments(tmp_path):
+    """Gaudi software 1.19 (lazy by default), one rank over 'hccl': one line, nothing trained. Without the check the
+    first forward's freeing of a gathered parameter (``untyped_storage().resize_``, which runs ``set_``) aborts the
+    process in the bridge's lazy kernels (``habana_kernels/lazy_kernels.cpp``), as the simulator does."""
+    tests = str(Path(__file__).parent)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
+    env.update(PYTHONPATH=os.pathsep.join([FAKES, tests]), FAKE_HPU_DEVICE="1", FAKE_HPU_SOFTWARE="1.19")
+    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+    env.update(MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    command = [sys.executable, "-c", LAZY_FSDP, str(tmp_path / "out")]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and lines, (result.returncode, result.stderr[-3000:])  # run_main: a usage error
+    assert "--use_lazy_mode cannot be combined with --fsdp" in lines[-1] and "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("plugin", "flags", "message"),
     [
@@ -201,3 +277,20 @@ def test_fp8_layers_fsdp_does_not_shard_are_one_line():
     with pytest.raises(FsdpConfigError, match=r"^--fp8 with --fsdp: te.Linear layers are not sharded") as caught:
         check_fp8_under_fsdp(Fp8Plan("te.Linear", lambda model, layers: None, shards_with_fsdp=False))
     assert "\n" not in str(caught.value)
+
+
+def test_fsdp_on_a_gaudi_with_a_torch_that_cannot_sum_is_one_line(monkeypatch):
+    """FSDP2 reduces float32 / bf16 gradients with ReduceOp.AVG unless told to sum (torch >= 2.8); HCCL takes no AVG.
+    Devices whose collectives average are not asked."""
+    from types import SimpleNamespace
+
+    from torch.distributed.fsdp import FSDPModule
+
+    from optimum_gaudi.devices.hpu import HPUDevice
+    from optimum_gaudi.distributed.fsdp import check_sum_reductions
+
+    check_sum_reductions(HPUDevice())  # this torch has the switch
+    monkeypatch.delattr(FSDPModule, "set_force_sum_reduction_for_comms")
+    check_sum_reductions(SimpleNamespace(collectives_average=True, type="cpu"))
+    with pytest.raises(FsdpConfigError, match=r"^--fsdp on HPU: its collectives take no ReduceOp.AVG, and this torch "):
+        check_sum_reductions(HPUDevice())

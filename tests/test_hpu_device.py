@@ -100,7 +100,36 @@ CHECKS = textwrap.dedent(
         assert "tensors must be on the HPU" in str(error), error
     else:
         raise AssertionError("hccl took a CPU tensor")
+
+    # hccl's maps (backend/helpers/collective_utils.cpp): reduce ops SUM / PRODUCT / MIN / MAX, dtypes of its map
+    for op in (dist.ReduceOp.AVG, dist.ReduceOp.BAND, dist._make_nccl_premul_sum(0.5)):
+        for collective in (lambda t: dist.all_reduce(t, op=op),
+                           lambda t: dist.reduce_scatter_tensor(torch.empty(2, device="hpu"), t, op=op)):
+            try:
+                collective(torch.ones(2, device="hpu"))
+            except RuntimeError as error:
+                assert "Unsupported ReduceOp for HCCL process group" in str(error), error
+            else:
+                raise AssertionError(f"hccl took {op}")
+    try:
+        dist.all_reduce(torch.ones(2, dtype=torch.int16, device="hpu"))
+    except RuntimeError as error:
+        assert "Input tensor data type is not supported for HCCL process group: int16" in str(error), error
+    else:
+        raise AssertionError("hccl took int16")
+    big = torch.tensor([2**24 + 1], device="hpu")                      # int64: summed on a float32 copy
+    dist.all_reduce(big)
+    assert big.dtype == torch.int64 and big.item() == 2**24, big
+    flags = torch.tensor([True, False], device="hpu")
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    assert flags.tolist() == [True, False]
     dist.destroy_process_group()
+
+    # eager mode: a storage resized on the device (FSDP2 frees and regrows its gathered parameters so)
+    t = torch.ones(4, device="hpu")
+    t.untyped_storage().resize_(0)
+    t.untyped_storage().resize_(16)
+    assert t.untyped_storage().nbytes() == 16
     print("device checks passed")
     """
 )
@@ -112,3 +141,21 @@ def test_the_simulated_device_behaves_as_the_bridge_documents(tmp_path):
     result = subprocess.run([sys.executable, "-c", CHECKS], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "device checks passed" in result.stdout
+
+
+LAZY_RESIZE = """
+import torch, habana_frameworks.torch
+t = torch.ones(4, device="hpu")
+t.untyped_storage().resize_(0)
+print("lazy kernels took set_")
+"""
+
+
+def test_lazy_kernels_abort_on_set_as_the_bridge_does():
+    """``habana_kernels/lazy_kernels.cpp``: ``set_.source_Storage`` is HABANA_ASSERT(false) then std::terminate in lazy
+    mode, and torch's ``UntypedStorage.resize_`` on a device storage runs it: the process aborts."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
+    env.update(PYTHONPATH=FAKES, FAKE_HPU_DEVICE="1", FAKE_HPU_SOFTWARE="1.19", OMP_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, "-c", LAZY_RESIZE], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == -6 and "lazy kernels took" not in result.stdout, (result.returncode, result.stdout)
+    assert "set_.source_Storage: This function should not be called in lazy flow" in result.stderr

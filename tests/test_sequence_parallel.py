@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import census
 import pytest
 import tiny
 import torch
@@ -95,7 +96,10 @@ def test_gaudi_fused_sdpa_is_the_local_kernel_on_the_simulated_gaudi(tmp_path):
     runs["cp2"]["args"] |= dict(use_habana=True, use_lazy_mode=True, attn_implementation="gaudi_fused_sdpa")
     runs["cp2"]["args"] |= dict(flash_attention_recompute=True, context_parallel_size=2)
     env = dict(PYTHONPATH=f"{FAKES}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", FAKE_HPU_DEVICE="1")
+    env["FAKE_HPU_CALL_LOG"] = str(tmp_path / "simulator.json")
     split = launch(tmp_path, 2, runs, FAKE_HPU_SOFTWARE="1.19", PT_HPU_LAZY_MODE="1", **env)["cp2"]
+    issued = {census.key(entry) for entry in census.check(tmp_path / "simulator.json", range(2))}
+    assert ("sequence parallelism", "alltoall_base", "-", "float32") in issued
     assert_same_training(split, single_process(tmp_path, "sdpa", "right", per_device=2))
     assert split["fused_sdpa_heads"] and set(split["fused_sdpa_heads"]) == {4}  # 8 heads, 4 on each rank
     assert {"distributed.hccl.alltoall_base", "distributed.hccl.step_marker"} <= set(split["hccl"])  # lazy mode

@@ -251,6 +251,21 @@ def test_hccl_import_sets_the_distributed_environment(bridge, monkeypatch):
     assert env["HLS_MODULE_ID"] == "1" and env["ID"] == "3"
 
 
+def test_hccl_import_disallows_collectives_in_dynamo_graphs_until_unloaded(bridge):
+    """``distributed/hccl/__init__.py`` ``_disallow_collectives_in_graph``: every torch.distributed function named
+    after a collective, with dynamo's own helper; the simulator takes it back when it unloads."""
+    import torch.distributed as dist
+    from torch._dynamo import trace_rules
+
+    collectives = (dist.all_reduce, dist.all_gather_into_tensor, dist.reduce_scatter_tensor, dist.broadcast)
+    import habana_frameworks.torch.distributed.hccl  # noqa: F401
+
+    assert all(id(f) in trace_rules._disallowed_callable_ids for f in collectives)
+    assert id(dist.init_process_group) not in trace_rules._disallowed_callable_ids
+    bridge().unload()
+    assert not any(id(f) in trace_rules._disallowed_callable_ids for f in collectives)
+
+
 def test_torch_version_mismatch_is_an_assertion_at_import(bridge, monkeypatch):
     monkeypatch.setenv("FAKE_HPU_BUILT_FOR_TORCH", "2.5")
     with pytest.raises(AssertionError, match="differs from run-time"):

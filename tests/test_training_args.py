@@ -210,3 +210,21 @@ def test_report_to_what_is_not_here_fails_where_transformers_does(tmp_path, monk
         plain = TrainingArguments(output_dir=str(tmp_path / "plain"), report_to=[integration])
         with pytest.raises((RuntimeError, ValueError)):  # transformers' own failure, at the same point
             Trainer(model=tiny.gpt2(), args=plain, train_dataset=tiny.lm_data())
+
+
+def test_fsdp_on_transformers_4_is_one_line_before_anything_starts(tmp_path, monkeypatch):
+    """transformers 4.57's FSDP stops a CPU run inside accelerate ("There are currently no available devices found")
+    and its final save lacks 5.x's helpers: refused when the arguments are built, on every device (make test-compat
+    runs this on 4.57.1 as it is)."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        monkeypatch.setattr(transformers, "__version__", "5.0.0")  # the same check, passing
+    GaudiTrainingArguments(output_dir=str(tmp_path), fsdp="full_shard")
+    monkeypatch.setattr(transformers, "__version__", "4.57.1")
+    with pytest.raises(GaudiArgumentError) as caught:
+        GaudiTrainingArguments(output_dir=str(tmp_path), fsdp="full_shard")
+    assert str(caught.value) == (
+        "--fsdp needs transformers 5 here (this is 4.57.1): pip install -U 'transformers>=5', or train without --fsdp "
+        "(DDP, or --deepspeed)."
+    )

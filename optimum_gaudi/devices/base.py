@@ -73,6 +73,9 @@ class Device:
     # Whether fused_adamw()'s optimizer steps FSDP2's sharded parameters (DTensors): torch's fused AdamW has DTensor
     # rules; a device kernel without them is left out under FSDP.
     fused_adamw_takes_dtensors: ClassVar[bool] = True
+    # Whether the device's collectives take ReduceOp.AVG (and PREMUL_SUM): FSDP2 reduce-scatters float32 / bf16
+    # gradients with AVG unless told to sum and divide (torch's set_force_sum_reduction_for_comms).
+    collectives_average: ClassVar[bool] = True
     behaviour: ClassVar[dict[str, str]]
 
     on_host: ClassVar[bool] = False  # the model trains in host memory (transformers' --use_cpu)

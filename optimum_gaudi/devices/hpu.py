@@ -189,6 +189,9 @@ class HPUDevice(Device):
     # hpex/optimizers/FusedAdamW.py hands the parameters to torch.ops.hpu.optimizer_adamw, for which the bridge
     # registers no DTensor sharding rule, and sizes each moment from the global shape of the parameter.
     fused_adamw_takes_dtensors = False
+    # backend/helpers/collective_utils.cpp getHCCLReduceOp maps MIN, MAX, SUM and PRODUCT only: AVG and PREMUL_SUM
+    # are "Unsupported ReduceOp for HCCL process group"
+    collectives_average = False
     behaviour = {
         "use_habana": "Gaudi device hpu",
         "use_lazy_mode": "PT_HPU_LAZY_MODE=1, mark_step() after backward and optimizer step",
@@ -205,7 +208,8 @@ class HPUDevice(Device):
         "use_fused_rope": "hpex.kernels.RotaryPosEmbeddingHelperV1 for Llama-style rotary embedding",
         "use_fused_linear_cross_entropy": "training loss from the hidden states in chunks, no full logits",
         "fp8": "Intel Gaudi Transformer Engine: te.Linear under te.fp8_autocast (delayed scaling, HYBRID format)",
-        "fsdp": "FSDP2 fully_shard over hccl; use_fused_adam: torch's AdamW (FusedAdamW takes no DTensor shards)",
+        "fsdp": "FSDP2 fully_shard over hccl, eager mode, gradients reduced with SUM then divided (HCCL has no AVG); "
+        "use_fused_adam: torch's AdamW (FusedAdamW takes no DTensor shards)",
         "context_parallel_size": "sequences split over the cards: all-to-all (hccl) around FusedSDPA / the attention kernel",
     }
 

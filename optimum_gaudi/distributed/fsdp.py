@@ -171,3 +171,35 @@ def check_fp8_under_fsdp(plan: Any) -> None:
     line when the trainer is built, before the model is loaded into FSDP."""
     if plan is not None and not plan.shards_with_fsdp:
         raise FsdpConfigError(f"--fp8 with --fsdp: {plan.name} layers are not sharded by FSDP here; drop one of them.")
+
+
+# torch 2.8 added it (FSDPModule.set_force_sum_reduction_for_comms); before it FSDP2 reduce-scatters float32 and bf16
+# gradients with ReduceOp.AVG and has no switch.
+_SUM_SWITCH = "set_force_sum_reduction_for_comms"
+
+
+def check_sum_reductions(device: Any) -> None:
+    """FSDP2 on a device whose collectives only sum needs torch's switch to sum and divide: without it the first
+    backward fails inside the reduce-scatter. One line when the trainer is built instead."""
+    if device.collectives_average:
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    if not hasattr(FSDPModule, _SUM_SWITCH):
+        raise FsdpConfigError(
+            f"--fsdp on {device.type.upper()}: its collectives take no ReduceOp.AVG, and this torch "
+            f"({torch.__version__}) has no FSDPModule.{_SUM_SWITCH} to reduce gradients with SUM; use torch >= 2.8 "
+            "or train without --fsdp."
+        )
+
+
+def reduce_with_sum(model: nn.Module) -> int:
+    """Every FSDP2 unit of ``model`` reduces its gradients with SUM, then divides by the world size (torch's
+    pre/post-divide factors), as the data-parallel mean: the same gradients as AVG, in collectives a device
+    without AVG runs (HCCL). The number of units switched."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    for unit in units:
+        getattr(unit, _SUM_SWITCH)(True)
+    return len(units)

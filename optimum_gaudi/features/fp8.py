@@ -9,13 +9,14 @@ original weight and bias objects, so the optimizer, weight tying and ``state_dic
 a saved model is the user's own class and loads in plain transformers.
 
 On a Gaudi the Transformer Engine keeps scaling state in its modules (``_extra_state``): a checkpoint carries it
-in a file of its own (:data:`SCALING_STATE_FILE`), so a resumed run scales its first steps as the uninterrupted
-run did, while the saved weights stay plain. The recipe is optimum-habana's unless the user gives one
-(``--fp8_recipe``, configuration/fp8_recipe.py).
+in a file of its own (:data:`SCALING_STATE_FILE`, one per rank on several), so a resumed run scales its first
+steps as the uninterrupted run did on every card, while the saved weights stay plain. The recipe is
+optimum-habana's unless the user gives one (``--fp8_recipe``, configuration/fp8_recipe.py).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 from collections.abc import Callable
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 SIZE_MULTIPLE = 16
 EXTRA_STATE_SUFFIX = "._extra_state"  # where Transformer Engine modules keep their scaling state
 SCALING_STATE_FILE = "fp8_scaling_state.pt"  # in a checkpoint: the Transformer Engine modules' scaling state
+BYTES_IO = "bytes_io"  # an ``_extra_state`` kept as an io.BytesIO, saved as its bytes under this key
 
 
 def eligible_linears(model: nn.Module) -> set[nn.Linear]:
@@ -102,27 +104,50 @@ def saved_state_dict(model: nn.Module) -> dict | None:
     return without_fp8_state(state) if any(key.endswith(EXTRA_STATE_SUFFIX) for key in state) else None
 
 
-def scaling_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The Transformer Engine modules' scaling state (amax histories, scales), by state-dict key."""
+def scaling_state(model: nn.Module) -> dict[str, torch.Tensor | io.BytesIO]:
+    """The Transformer Engine modules' scaling state (amax histories, scales), by state-dict key: a tensor or an
+    ``io.BytesIO`` each (the two forms a module's ``_extra_state`` takes, the bridge's TE test reads both)."""
     return {
         key: value
         for key, value in model.state_dict().items()
-        if key.endswith(EXTRA_STATE_SUFFIX) and isinstance(value, torch.Tensor)
+        if key.endswith(EXTRA_STATE_SUFFIX) and isinstance(value, (torch.Tensor, io.BytesIO))
     }
 
 
-def save_scaling_state(model: nn.Module, directory: str) -> None:
-    """Into a checkpoint: the scaling state the saved weights leave out (nothing without Transformer Engine)."""
-    state = scaling_state(model)
+def _scaling_file(directory: str, rank: int, world_size: int) -> str:
+    """One file per rank: with optimum-habana's recipe (``reduce_amax=False``) each card keeps its own amax history."""
+    name = SCALING_STATE_FILE if world_size == 1 else SCALING_STATE_FILE.replace(".pt", f".rank{rank}.pt")
+    return os.path.join(directory, name)
+
+
+def save_scaling_state(model: nn.Module, directory: str, rank: int = 0, world_size: int = 1) -> None:
+    """Into a checkpoint, by every rank: the scaling state the saved weights leave out (nothing without
+    Transformer Engine). An ``io.BytesIO`` is kept as its bytes, so the file loads with ``weights_only``."""
+    state = {
+        key: {BYTES_IO: torch.frombuffer(bytearray(value.getvalue()), dtype=torch.uint8)}
+        if isinstance(value, io.BytesIO)
+        else value.detach().cpu()
+        for key, value in scaling_state(model).items()
+    }
     if state:
-        torch.save(state, os.path.join(directory, SCALING_STATE_FILE))
+        torch.save(state, _scaling_file(directory, rank, world_size))
 
 
-def load_scaling_state(model: nn.Module, directory: str) -> bool:
-    """From a checkpoint, where it has one: the modules scale their next steps as before the interruption."""
-    path = os.path.join(directory, SCALING_STATE_FILE)
+def load_scaling_state(model: nn.Module, directory: str, rank: int = 0, world_size: int = 1) -> bool:
+    """From a checkpoint, where it has one: the modules scale their next steps as before the interruption, each
+    rank from its own file. A rank the checkpoint has none for (saved on fewer ranks) takes rank 0's, said."""
+    path = _scaling_file(directory, rank, world_size)
     if not os.path.isfile(path):
-        return False
+        fallback = [_scaling_file(directory, 0, n) for n in (1, 2)]
+        path = next((candidate for candidate in fallback if os.path.isfile(candidate)), None)
+        if path is None:
+            return False
+        if world_size > 1:
+            logger.warning(
+                "--fp8: the checkpoint holds no scaling state of rank %d (saved on fewer ranks); it starts from rank "
+                "0's amax history.",
+                rank,
+            )
     state = torch.load(path, map_location="cpu", weights_only=True)
     expected = set(scaling_state(model))
     if set(state) != expected:
@@ -132,7 +157,11 @@ def load_scaling_state(model: nn.Module, directory: str) -> bool:
             len(expected),
         )
         return False
-    model.load_state_dict(state, strict=False)
+    restored = {
+        key: io.BytesIO(value[BYTES_IO].numpy().tobytes()) if isinstance(value, dict) else value
+        for key, value in state.items()
+    }
+    model.load_state_dict(restored, strict=False)
     return True
 
 

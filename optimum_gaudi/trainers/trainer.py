@@ -46,7 +46,9 @@ from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadca
 from ..distributed.fsdp import (
     check_fp8_under_fsdp,
     check_fsdp_arguments,
+    check_sum_reductions,
     gather_in_bf16,
+    reduce_with_sum,
     shard_where_accelerate_would_not,
     wrap_this_models_layers,
 )
@@ -223,6 +225,7 @@ class GaudiTrainerMixin(TrainerShims):
 
         self._static_rows = self._select_static_rows(args)
         self._unused: list[nn.Parameter] | None = None  # under training graphs that zero them: found at step 1
+        self._summing: nn.Module | None = None  # the FSDP2 model last told to reduce with SUM (a device without AVG)
         self._throughput = Throughput(args.throughput_warmup_steps)
         self.callback_handler = InternalCallbackHandler.adopt(self.callback_handler, [_LoopHooks(self)])
         profiler = GaudiProfilerCallback.from_training_args(args)
@@ -293,6 +296,7 @@ class GaudiTrainerMixin(TrainerShims):
             check_fsdp_arguments(self.accelerator, self.args)
         if self.is_fsdp_enabled:
             check_fp8_under_fsdp(self._fp8)
+            check_sum_reductions(self.gaudi_device)
             full_weights.check_saves(self.model)  # now, not after the run, at its final save_model
             wrap_this_models_layers(self.accelerator.state.fsdp_plugin, self.model)
             if self._autocast is not None:
@@ -421,7 +425,7 @@ class GaudiTrainerMixin(TrainerShims):
     def _restore_fp8_scaling(self, model: nn.Module) -> None:
         source = self._fp8_scaling_from
         if source is not None and getattr(model, "_gaudi_fp8", None) is not None:
-            load_scaling_state(model, source)
+            load_scaling_state(model, source, self.args.process_index, self.args.world_size)
             self._fp8_scaling_from = None
 
     def _prepare_compile(self, model: nn.Module) -> None:
@@ -490,6 +494,9 @@ class GaudiTrainerMixin(TrainerShims):
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         rows = find_batch_size(inputs)
         self._throughput.count_batch(inputs, rows)
+        if self.is_fsdp_enabled and not self.gaudi_device.collectives_average and self._summing is not model:
+            reduce_with_sum(model)  # fully_shard ran in accelerator.prepare; the first reduce-scatter is ahead
+            self._summing = model
         if (
             self._unused is None
             and self.args.use_hpu_graphs_for_training
@@ -534,6 +541,8 @@ class GaudiTrainerMixin(TrainerShims):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         inner = self.accelerator.unwrap_model(model, keep_torch_compile=False)
         fused = fused_loss.FusedLinearCrossEntropy.of(inner, strict=self.args.use_fused_linear_cross_entropy)
+        if fused is not None and self._compile is not None and fused.compiled_chunk is None:
+            fused.compile_with(self._compile.compile_kwargs())  # with the model: its chunk step compiled
         with fused.step() if fused is not None else contextlib.nullcontext():
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
@@ -751,8 +760,10 @@ class GaudiTrainerMixin(TrainerShims):
             finally:
                 self._staging_root = None
             saved = staging / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            if self._fp8 is not None and self.args.should_save and saved.is_dir():
-                save_scaling_state(self.accelerator.unwrap_model(model), str(saved))
+            if self._fp8 is not None and saved.is_dir():  # every rank its own amax history
+                save_scaling_state(
+                    self.accelerator.unwrap_model(model), str(saved), self.args.process_index, self.args.world_size
+                )
             totals = getattr(self, "_run_totals", None)
             if self.args.should_save and totals is not None and saved.is_dir():
                 (saved / RUN_TOTALS_FILE).write_text(json.dumps(totals, indent=1), encoding="utf-8")

@@ -46,6 +46,18 @@ DEFAULT_MAX_HPU_GRAPHS = 10  # ModuleCacher's default in the bridge (hpu/graphs.
 _FSDP_DEFAULT_VERSION = 2 if int(transformers.__version__.split(".")[0]) >= 5 else 1
 
 
+def _fsdp_problem() -> str | None:
+    """--fsdp here is transformers 5's (FSDP2, its plugin arguments, sharded checkpoints, the streamed final save).
+    On 4.57 accelerate's FSDP plugin stops a CPU run inside the Trainer ("There are currently no available devices
+    found": sync_module_states wants an accelerator) and the final save needs 5.x's helpers: one line first."""
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        return None
+    return (
+        f"--fsdp needs transformers 5 here (this is {transformers.__version__}): pip install -U 'transformers>=5', "
+        "or train without --fsdp (DDP, or --deepspeed)."
+    )
+
+
 class GaudiArgumentError(UserError, ValueError):
     """A Gaudi flag, or a combination of flags, that cannot work; the message says how to fix it."""
 
@@ -327,6 +339,9 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             )
             self.torch_compile_backend = self.gaudi_device.compile_backend
         if self.fsdp:  # optimum-habana's fsdp_config.json (FSDP1's keys) as FSDP2 settings transformers reads
+            problem = _fsdp_problem()
+            if problem is not None:
+                raise GaudiArgumentError(problem)
             self.fsdp_config = fsdp2_config(read_fsdp_config(self.fsdp_config), _FSDP_DEFAULT_VERSION)
         super().__post_init__()
         self._check_deepspeed_config()
@@ -398,6 +413,12 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             fail(
                 f"{graphs} cannot be combined with --fsdp: FSDP gathers each layer's parameters into fresh memory at "
                 "every forward, which a replayed graph would not see; drop one (with FSDP, --torch_compile instead)."
+            )
+        if self.fsdp and self.use_lazy_mode:
+            fail(
+                "--use_lazy_mode cannot be combined with --fsdp: FSDP frees and regrows each gathered parameter's "
+                "memory at every step, which a Gaudi's lazy kernels abort on (set_); train FSDP in eager mode (drop "
+                "--use_lazy_mode, or pass --use_lazy_mode False; --torch_compile to compile)."
             )
         if self.deepspeed and importlib.util.find_spec("deepspeed") is None:
             fail("--deepspeed needs DeepSpeed: pip install deepspeed (on a Gaudi, Habana's DeepSpeed fork).")

@@ -3,7 +3,8 @@
 `fsdp_features.py OUT.json MODES [CASE...]`, MODES a comma-separated list of fsdp / ddp / single: each case in
 each mode, at the same global batch (8 rows a step), so a test compares sharded, replicated and one-process runs
 case by case. MODES `resume` instead trains a Llama with FSDP and the Gaudi features on whatever device the run
-has (the simulated Gaudi in the tests), saving sharded checkpoints, then resumes from the first one.
+has (the simulated Gaudi in the tests), saving sharded checkpoints, then resumes from the first one; then the same
+under DDP, and an fp8 (Transformer Engine) training under DDP saved and resumed.
 """
 
 import json
@@ -118,37 +119,74 @@ def final_model(trainer: GaudiTrainer, folder: str) -> dict:
 
 
 def resume(out_dir: str) -> dict:
-    """4 steps saving SHARDED_STATE_DICT checkpoints every 2, then the last 2 again from checkpoint-2."""
+    """4 steps saving SHARDED_STATE_DICT checkpoints every 2, then the last 2 again from checkpoint-2; then the same
+    4 steps under DDP, whose gradients FSDP's must equal (each rank's batch, averaged over the ranks). The loss is
+    the fused linear cross-entropy's (the head gathered for it under FSDP)."""
     with open(HABANA_FSDP_CONFIG, encoding="utf-8") as f:
         fsdp_config = {**json.load(f), "fsdp_state_dict_type": "SHARDED_STATE_DICT"}
-    config = GaudiConfig(use_fused_adam=True, use_fused_clip_norm=True, use_torch_autocast=True)
+    config = GaudiConfig(use_fused_adam=True, use_fused_clip_norm=True, use_torch_autocast=True,
+                         use_fused_linear_cross_entropy=True)  # fmt: skip
     runs = {}
-    for name, checkpoint in (("whole", None), ("resumed", os.path.join(out_dir, "whole", "checkpoint-2"))):
+    checkpoint_2 = os.path.join(out_dir, "whole", "checkpoint-2")
+    for name, checkpoint in (("whole", None), ("resumed", checkpoint_2), ("ddp", None)):
+        sharding = {} if name == "ddp" else {"fsdp": "auto_wrap", "fsdp_config": fsdp_config}
         args = GaudiTrainingArguments(
             output_dir=os.path.join(out_dir, name), max_steps=4, logging_steps=1, save_steps=2, report_to="none",
             train_sampling_strategy="sequential", learning_rate=1e-3, seed=0, disable_tqdm=True, use_habana=True,
-            per_device_train_batch_size=4, bf16=True, fsdp="auto_wrap", fsdp_config=fsdp_config,
+            per_device_train_batch_size=4, bf16=True, save_strategy="no" if name == "ddp" else "steps", **sharding,
         )  # fmt: skip
         fresh_state()
         trainer = GaudiTrainer(model=tiny.llama(), args=args, train_dataset=tiny.lm_data(), gaudi_config=config)
         steps = StepsRun()
         trainer.add_callback(steps)
         trainer.train(resume_from_checkpoint=checkpoint)
-        if checkpoint is None:
+        if name == "whole":
             runs["final"] = final_model(trainer, os.path.join(out_dir, "final"))
+        simulator = sys.modules.get("habana_frameworks")  # what the simulated bridge saw under FSDP
+        if name == "resumed" and simulator is not None:
+            runs["bridge_calls"] = sorted({n for n in simulator.names() if n.startswith(("distributed.", "hpex."))})
         logs = [h for h in trainer.state.log_history if "loss" in h]
         runs[name] = {
             "steps_run": steps.run,
             "losses": [h["loss"] for h in logs],
+            "grad_norms": [h["grad_norm"] for h in logs],
             "optimizer": type(trainer.optimizer.optimizer).__name__,
             "device": str(next(trainer.model.parameters()).device),
             "memory": {k: v for k, v in logs[-1].items() if "memory" in k},
         }
     saved = Path(out_dir, "whole", "checkpoint-2")
     runs["checkpoint"] = sorted(str(p.relative_to(saved)) for p in saved.rglob("*") if p.is_file())
-    simulator = sys.modules.get("habana_frameworks")  # what the simulated bridge saw (its log is written at exit)
-    if simulator is not None:
-        runs["bridge_calls"] = sorted({n for n in simulator.names() if n.startswith(("distributed.", "hpex."))})
+    return runs
+
+
+def amax_histories(model) -> dict[str, list]:
+    """This rank's Transformer Engine amax histories (and step counts), by module."""
+    return {
+        name: {key: [meta.steps, meta.amax_history[: meta.steps].tolist()] for key, meta in module.fp8_meta.items()
+               if key != "recipe"}
+        for name, module in model.named_modules() if hasattr(module, "fp8_meta")
+    }  # fmt: skip
+
+
+def fp8_per_rank(out_dir: str) -> dict:
+    """--fp8 (the Transformer Engine, optimum-habana's recipe: each card its own amax history) under DDP: 4 steps
+    with a checkpoint at 2, then steps 3 and 4 again from it; each rank's losses, amax histories and saved files."""
+    runs = {}
+    checkpoint_2 = os.path.join(out_dir, "fp8_whole", "checkpoint-2")
+    for name, checkpoint in (("fp8_whole", None), ("fp8_resumed", checkpoint_2)):
+        args = GaudiTrainingArguments(
+            output_dir=os.path.join(out_dir, name), max_steps=4, logging_steps=1, save_steps=2, report_to="none",
+            train_sampling_strategy="sequential", learning_rate=3e-3, seed=0, disable_tqdm=True, use_habana=True,
+            per_device_train_batch_size=4, bf16=True, fp8=True,
+        )  # fmt: skip
+        fresh_state()
+        trainer = GaudiTrainer(model=tiny.llama(), args=args, train_dataset=tiny.lm_data())
+        trainer.train(resume_from_checkpoint=checkpoint)
+        runs[name] = {
+            "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+            "amax": amax_histories(trainer.accelerator.unwrap_model(trainer.model)),
+        }
+    runs["checkpoint"] = sorted(os.listdir(checkpoint_2))
     return runs
 
 
@@ -158,6 +196,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     if modes == ["resume"]:
         results = resume(os.path.dirname(out))
+        results["fp8"] = fp8_per_rank(os.path.dirname(out))
     else:
         results = {mode: {name: run_case(name, mode, os.path.join(os.path.dirname(out), mode)) for name in names}
                    for mode in modes}  # fmt: skip

@@ -129,24 +129,35 @@ def dump_log_at_exit() -> None:
     """With FAKE_HPU_CALL_LOG=PATH, write the call names, env_at_import, autocast lists and (with the
     simulated device) its allocator's peak and count to PATH.RANK (JSON) when the process exits: how a test
     reads what the simulator saw in a subprocess."""
-    path = os.environ.get("FAKE_HPU_CALL_LOG")
-    if not path:
-        return
-    import atexit
-    import json
+    if os.environ.get("FAKE_HPU_CALL_LOG"):
+        import atexit
 
-    def dump() -> None:
+        atexit.register(write_call_log)
+
+
+_LAUNCHERS = ("torch.distributed.run", "optimum_gaudi.__main__")  # ``python -m`` of torchrun and optimum-gaudi
+
+
+def write_call_log() -> None:
+    """Write the FAKE_HPU_CALL_LOG file now (a process leaving with ``os._exit`` runs no atexit hook)."""
+    path = os.environ.get("FAKE_HPU_CALL_LOG")
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    launcher = "RANK" not in os.environ and getattr(main, "name", "") in _LAUNCHERS
+    if path and not launcher:  # a launcher's own process would write over rank 0's log when the ranks are done
+        import json
+
         lists = None if autocast_lists is None else [sorted(autocast_lists[0]), sorted(autocast_lists[1])]
         data = {"names": names(), "env_at_import": env_at_import, "autocast_lists": lists}
         from . import _device
 
+        hccl = sys.modules.get("habana_frameworks.torch.distributed.hccl")
+        if hccl is not None and getattr(hccl, "census", None):  # every distinct collective the 'hccl' group ran
+            data["collectives"] = [list(entry) for entry in sorted(hccl.census, key=str)]
         if _device.loaded():  # what lived on the simulated hpu device
             _live, peak, allocations = _device.memory_counters()
             data["device"] = {"peak_bytes": peak, "allocations": allocations}
         with open(f"{path}.{os.environ.get('RANK', '0')}", "w") as f:
             json.dump(data, f)
-
-    atexit.register(dump)
 
 
 def on_unload(undo: Callable[[], None]) -> None:

@@ -69,10 +69,12 @@ def load_library() -> None:
         _loaded = True
 
 
-def load(bf16_ops, fp32_ops) -> None:
-    """The plugin's load: the device, and its autocast with the op lists the bridge read at import."""
+def load(bf16_ops, fp32_ops, lazy: bool) -> None:
+    """The plugin's load: the device, its autocast with the op lists the bridge read at import, and its mode
+    (the lazy kernels refuse what the eager ones take: ``set_`` without an offset aborts)."""
     load_library()
     torch.ops.fake_hpu.set_autocast_lists(sorted(bf16_ops), sorted(fp32_ops))
+    torch.ops.fake_hpu.set_lazy(lazy)
 
 
 def register_module(hpu) -> None:

@@ -13,7 +13,8 @@ NVIDIA's Transformer Engine, which it is derived from (the bridge file carries N
   format, each scaled by delayed scaling: ``scale = fp8_max / amax`` with amax from ``amax_history`` (the
   previous steps', ``fp8_meta["scaling_fwd"].amax_history``); the first step uses scale 1. The matmul then runs
   on the de-scaled values (the real kernel multiplies in fp8 with fp32 accumulation).
-- The scaling state is module state: ``state_dict`` holds ``_extra_state`` (a uint8 tensor, as NVIDIA's TE).
+- The scaling state is module state: ``state_dict`` holds ``_extra_state`` (a uint8 tensor, as NVIDIA's TE, or
+  with FAKE_HPU_TE_EXTRA_STATE=bytesio an ``io.BytesIO``; ``set_extra_state`` takes either).
 - ``FusedAttention(scale, attention_dropout, enable_recompute)`` called ``(q, k, v, attn_mask, is_causal,
   softmax_mode)``, as optimum-habana builds and calls it (``optimum/habana/accelerate/utils/transformer_engine.py``);
   query and key/value heads must match (asserted: the model repeats grouped heads); inside ``fp8_autocast`` q, k
@@ -79,16 +80,31 @@ class _Meta:
         self.amax_history[row, column] = amax
 
 
-def _extra_state(fp8_meta: dict) -> torch.Tensor:
+def _extra_state(fp8_meta: dict) -> torch.Tensor | io.BytesIO:
+    """A uint8 tensor of the pickled state; with FAKE_HPU_TE_EXTRA_STATE=bytesio an ``io.BytesIO`` written by
+    ``torch.save``, the other form the bridge's TE test reads (``print_extra_state`` in ``test_hpu_fp8_te.py``,
+    as NVIDIA TE's ``set_extra_state`` takes both): which one Intel's closed TE returns is not public."""
+    state = {k: (v.amax_history, v.steps) for k, v in fp8_meta.items() if k != "recipe"}
     buffer = io.BytesIO()
-    pickle.dump({k: (v.amax_history, v.steps) for k, v in fp8_meta.items() if k != "recipe"}, buffer)
+    if os.environ.get("FAKE_HPU_TE_EXTRA_STATE") == "bytesio":
+        torch.save(state, buffer)
+        buffer.seek(0)
+        return buffer
+    pickle.dump(state, buffer)
     return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
 
 
 def _set_extra_state(fp8_meta: dict, state) -> None:
     if state is None or (isinstance(state, torch.Tensor) and state.numel() == 0):
         return
-    for key, (history, steps) in pickle.loads(state.numpy().tobytes()).items():
+    if isinstance(state, torch.Tensor):
+        loaded = pickle.loads(state.detach().cpu().numpy().tobytes())
+    elif isinstance(state, io.BytesIO):
+        state.seek(0)
+        loaded = torch.load(state, map_location="cpu")
+    else:
+        raise RuntimeError("Unsupported checkpoint format.")  # NVIDIA TE module/base.py set_extra_state
+    for key, (history, steps) in loaded.items():
         fp8_meta[key].amax_history, fp8_meta[key].steps = history, steps
 
 
@@ -175,7 +191,7 @@ class Linear(torch.nn.Module):
         _hf.record("te.Linear.forward", fp8=True, fp8_format=r.fp8_format.value, dtype=str(inp.dtype))
         return _Fp8Matmul.apply(inp, weight, bias, self)
 
-    def get_extra_state(self) -> torch.Tensor:
+    def get_extra_state(self) -> torch.Tensor | io.BytesIO:
         return _extra_state(self.fp8_meta)
 
     def set_extra_state(self, state) -> None:
@@ -210,7 +226,7 @@ class FusedAttention(torch.nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal,
                                               scale=self.scale)  # fmt: skip
 
-    def get_extra_state(self) -> torch.Tensor:
+    def get_extra_state(self) -> torch.Tensor | io.BytesIO:
         return _extra_state(self.fp8_meta)
 
     def set_extra_state(self, state) -> None:

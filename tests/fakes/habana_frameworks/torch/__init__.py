@@ -59,7 +59,7 @@ _hf.autocast_lists = _load_autocast_lists()  # (bf16 ops, fp32 ops), fixed for t
 from habana_frameworks import _device  # noqa: E402
 
 if _device.enabled():
-    _device.load(*_hf.autocast_lists)
+    _device.load(*_hf.autocast_lists, lazy=is_lazy())
 _hf.dump_log_at_exit()
 _hf.record("import", lazy=is_lazy(), generation=_hf.generation(), env=dict(_hf.env_at_import))
 

@@ -113,6 +113,31 @@ def set_device(device) -> None:
         torch.ops.fake_hpu.set_device(index)
 
 
+class device:
+    """``hpu/__init__.py``'s context manager (torch.load with an hpu ``map_location`` enters it): a process opens
+    one Gaudi, so an index other than 0 must be the process's own module (HLS_MODULE_ID), else AssertionError;
+    entering selects that module."""
+
+    def __init__(self, device) -> None:
+        from torch._utils import _get_device_index
+
+        index = _get_device_index(device, optional=True)
+        module = int(os.environ.get("HLS_MODULE_ID", "-1"))
+        if index != 0 and index != module:
+            raise AssertionError(f"Requested device_id={index} is different from env_device_id={module}")
+        self.idx, self.prev_idx = module, -1
+
+    def __enter__(self):
+        self.prev_idx = current_device() if _device.loaded() else -1
+        if self.idx != -1 and self.idx != self.prev_idx:
+            set_device(self.idx)
+
+    def __exit__(self, *exc) -> bool:
+        if self.prev_idx not in (-1, self.idx):
+            set_device(self.prev_idx)
+        return False
+
+
 class Stream(torch.Stream):
     """``hpu/streams.py``'s stream class (torch's dynamo lists ``torch.hpu.Stream`` as an in-graph class
     whenever ``torch.hpu`` exists); the simulated device has one synchronous stream."""

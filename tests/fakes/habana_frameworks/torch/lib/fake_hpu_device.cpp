@@ -29,7 +29,9 @@
 #include <mutex>
 #include <string>
 #include <unordered_set>
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <cstring>
 
 namespace {
@@ -275,17 +277,33 @@ at::Tensor& set_storage_hpu(at::Tensor& self, c10::Storage source, int64_t offse
   return self;
 }
 
+// In lazy mode the bridge's set_ kernels without a storage offset (set_(), set_.source_Storage,
+// set_.source_Tensor) are HABANA_ASSERT(false, ...) then std::terminate() (habana_kernels/lazy_kernels.cpp):
+// the process aborts. torch's UntypedStorage.resize_ on an hpu storage goes through set_.source_Storage
+// (at::native::resize_bytes_nocuda), so FSDP2's freeing and regrowing of gathered parameters aborts too.
+// set_.source_Storage_storage_offset has a lazy kernel and works. Set from Python when the bridge loads.
+std::atomic<bool> lazy_mode{false};
+void abort_in_lazy_mode(const char* op) {
+  if (!lazy_mode.load()) return;
+  std::fprintf(stderr, "%s: This function should not be called in lazy flow. Something went wrong.\n", op);
+  std::fflush(stderr);
+  std::terminate();
+}
+
 at::Tensor& set_source_storage_hpu(at::Tensor& self, c10::Storage source) {
+  abort_in_lazy_mode("set_.source_Storage");
   int64_t n = static_cast<int64_t>(source.nbytes() / self.dtype().itemsize());
   return set_storage_hpu(self, std::move(source), 0, {n}, {});
 }
 
 at::Tensor& set_tensor_hpu(at::Tensor& self, const at::Tensor& source) {
+  abort_in_lazy_mode("set_.source_Tensor");
   if (!self.is_same(source)) set_storage_hpu(self, source.storage(), source.storage_offset(), source.sizes(), source.strides());
   return self;
 }
 
 at::Tensor& set_empty_hpu(at::Tensor& self) {
+  abort_in_lazy_mode("set_");
   return set_storage_hpu(self, c10::Storage(c10::Storage::use_byte_size_t(), 0, hpu_allocator.allocate(0), &hpu_allocator, true), 0, {0}, {});
 }
 
@@ -579,6 +597,7 @@ TORCH_LIBRARY(fake_hpu, m) {
     process_index = static_cast<int>(index);
     thread_index = -1;
   });
+  m.def("set_lazy(bool lazy) -> ()", [](bool lazy) { lazy_mode = lazy; });
   m.def("current_device() -> int", [] { return static_cast<int64_t>(current_index()); });
   m.def("get_rng_state() -> Tensor", [] { return hpu_generator().get_state(); });
   m.def("set_rng_state(Tensor state) -> ()", [](const at::Tensor& state) { hpu_generator().set_state(state); });

@@ -13,17 +13,45 @@ then registers the 'hccl' torch.distributed backend. Without the simulated devic
 on CPU, so ``init_process_group(backend="hccl")`` works in a CPU test. With it (FAKE_HPU_DEVICE=1) 'hccl'
 is a process group for device type hpu, as ``ProcessGroupHCCL.cpp``: its collectives take hpu tensors only
 (the real one reads each tensor's device memory; a CPU tensor fails), each is a step boundary in lazy mode
-(``StepMarker`` before the collective), and the data moves through gloo on host copies.
+(``StepMarker`` before the collective), and the data moves through gloo on host copies. It refuses what the bridge's
+group refuses (``_maps.py``: reduce ops other than SUM / PRODUCT / MIN / MAX, dtypes outside its map) and reduces
+other dtypes than bf16 / float32 on a float32 copy, as ``process_group_hccl_base.cpp`` does.
+
+Every collective is also kept in a census (``census``: collective, reduce op, dtypes, device, group size and the
+Python modules that issued it), written with the call log (``FAKE_HPU_CALL_LOG``) for the census test.
 """
 
 import atexit
 import os
+import sys
 
 import torch
 import torch.distributed as dist
 
 import habana_frameworks as _hf
 from habana_frameworks import _device
+
+from . import _maps
+
+# (collective, reduce op or None, dtypes, device type, group size, issuing modules): each distinct one once
+census: set[tuple] = set()
+# frames that say nothing about who issued a collective: the simulator, torch's c10d front end, decorators
+_PLUMBING = ("habana_frameworks", "torch.distributed.distributed_c10d", "torch.distributed.c10d_logger",
+             "torch.utils._contextlib", "contextlib", "functools", "torch.autograd", "torch._tensor")  # fmt: skip
+
+
+def _issuers(limit: int = 12) -> tuple[str, ...]:
+    """``module:function`` of the frames on the Python stack below the collective, innermost first (each once)."""
+    found: list[str] = []
+    frame = sys._getframe(1)
+    while frame is not None and len(found) < limit:
+        module = frame.f_globals.get("__name__", "?")
+        where = f"{module}:{frame.f_code.co_name}"
+        if not module.startswith(_PLUMBING) and where not in found:
+            found.append(where)
+        frame = frame.f_back
+    return tuple(found)
+
 
 _MPI_TO_TORCH = {
     "OMPI_COMM_WORLD_LOCAL_RANK": "LOCAL_RANK",
@@ -115,21 +143,33 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
     def _device_types(self):
         return [torch.device("hpu")]
 
-    def _enter(self, name, tensors):
+    def _enter(self, name, tensors, op=None):
         for tensor in tensors:
             if tensor.device.type != "hpu":
                 raise RuntimeError(f"hccl {name}: tensors must be on the HPU, got one on {tensor.device}")
-        _hf.record(f"distributed.hccl.{name}", shapes=[list(t.shape) for t in tensors])
+        op = None if op is None else _maps.op_name(op)
+        dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors})
+        census.add((name, op, tuple(dtypes), "hpu", self.size(), _issuers()))
+        if name in _maps.DTYPE_CHECKED:  # getHCCLDataType (collective_utils.cpp)
+            for tensor in tensors:
+                _maps.check_dtype(tensor.dtype)
+        if op is not None:  # getHCCLReduceOp, on the dtype the reduction runs in
+            for tensor in tensors:
+                _maps.check_reduce_op(op, _maps.reduction_dtype(name, tensor.dtype))
+        _hf.record(f"distributed.hccl.{name}", shapes=[list(t.shape) for t in tensors], op=op, dtypes=dtypes)
         from habana_frameworks.torch.utils.internal import is_lazy
 
         if is_lazy():  # StepMarker before the collective (ProcessGroupHCCL::collective)
             _hf.record("distributed.hccl.step_marker", collective=name)
 
-    def _run(self, name, tensors, call, outputs=None):
+    def _run(self, name, tensors, call, outputs=None, op=None, reduce_in=None):
+        """``call(host_in, host_out)`` on host copies, in the dtype the bridge reduces in (``reduce_in``)."""
         outputs = tensors if outputs is None else outputs
-        self._enter(name, tensors if outputs is tensors else tensors + [t for t in outputs if t is not None])
-        host_in = [t.cpu() for t in tensors]
-        host_out = host_in if outputs is tensors else [t.cpu() for t in outputs]
+        self._enter(name, tensors if outputs is tensors else tensors + [t for t in outputs if t is not None], op)
+        host_in = [t.cpu() if reduce_in is None else t.cpu().to(reduce_in(t.dtype)) for t in tensors]
+        host_out = (
+            host_in if outputs is tensors else [o.cpu().to(i.dtype) for o, i in zip(outputs, host_in, strict=True)]
+        )
         call(host_in, host_out).wait()
         with torch.no_grad():
             for target, value in zip(outputs, host_out, strict=True):
@@ -138,7 +178,14 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
-        return self._run("allreduce", list(tensors), lambda i, o: self._gloo.allreduce(i, opts))
+        reduce_in = lambda dtype: _maps.reduction_dtype("allreduce", dtype)  # noqa: E731
+        return self._run(
+            "allreduce",
+            list(tensors),
+            lambda i, o: self._gloo.allreduce(i, opts),
+            op=opts.reduceOp,
+            reduce_in=reduce_in,
+        )
 
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
@@ -158,15 +205,41 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
 
     def allgather(self, output_lists, inputs, opts=None):
         opts = opts or dist.AllgatherOptions()
-        return self._into_lists("allgather", output_lists, inputs, lambda o, i: self._gloo.allgather(o, i, opts))
+        # process_group_hccl_base.cpp: outputs of one size are one hcclAllGather (dtype checked); others a broadcast
+        # per rank (_broadcast_oop), which moves bytes
+        even = len({t.numel() for group in output_lists for t in group}) <= 1
+        name = "allgather" if even else "allgather_uneven"
+        return self._into_lists(name, output_lists, inputs, lambda o, i: self._gloo.allgather(o, i, opts))
 
     def _allgather_base(self, output, input, opts=None):
         opts = opts or dist.AllgatherOptions()
+        if input.dtype != output.dtype:  # process_group_hccl_base.cpp _allgather_base
+            raise RuntimeError("output tensor must have the same type as input tensor")
         return self._run(
             "allgather_into_tensor", [input], lambda i, o: self._gloo._allgather_base(o[0], i[0], opts), [output]
         )
 
     all_gather_single = _allgather_base  # torch 2.13's name for all_gather_into_tensor
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        """``process_group_hccl_base.cpp``: one all-gather into a tensor per pair (functional collectives, as
+        DTensor's ``full_tensor``, come this way)."""
+        for output, input in zip(outputs, inputs, strict=True):
+            self._allgather_base(output, input, opts)
+        return _DoneWork(outputs)
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        """``process_group_hccl_base.cpp``: one reduce-scatter into a tensor per pair."""
+        for output, input in zip(outputs, inputs, strict=True):
+            self._reduce_scatter_base(output, input, opts)
+        return _DoneWork(outputs)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        """``process_group_hccl_base.cpp``: the all-reduce of the same tensors."""
+        options = dist.AllreduceOptions()
+        if opts is not None:
+            options.reduceOp = opts.reduceOp
+        return self.allreduce(tensors, options)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """``ProcessGroupHcclBase::alltoall_base`` (``process_group_hccl_base.cpp``): one tensor in, one out."""
@@ -181,8 +254,18 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
     def _reduce_scatter_base(self, output, input, opts=None):
         """reduce_scatter_tensor, as ``process_group_hccl_base.hpp`` declares it (FSDP's gradient reduction)."""
         opts = opts or dist.ReduceScatterOptions()
+        if input.dtype != output.dtype:  # process_group_hccl_base.cpp _reduce_scatter_base
+            raise RuntimeError("input tensor must be the same type as the output tensor.")
+        if input.numel() != output.numel() * self.size():
+            raise RuntimeError("input tensor must be the same size as output size times world size")
+        reduce_in = lambda dtype: _maps.reduction_dtype("reduce_scatter_tensor", dtype)  # noqa: E731
         return self._run(
-            "reduce_scatter_tensor", [input], lambda i, o: self._gloo._reduce_scatter_base(o[0], i[0], opts), [output]
+            "reduce_scatter_tensor",
+            [input],
+            lambda i, o: self._gloo._reduce_scatter_base(o[0], i[0], opts),
+            [output],
+            op=opts.reduceOp,
+            reduce_in=reduce_in,
         )
 
     reduce_scatter_single = _reduce_scatter_base  # torch 2.13's name for reduce_scatter_tensor
@@ -209,6 +292,46 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
         return self._gloo.barrier(opts or dist.BarrierOptions())
 
 
+# distributed/hccl/__init__.py COLLECTIVE_BASE_NAMES: a torch.distributed function whose name holds one of these
+_COLLECTIVE_NAMES = ("all_gather", "all_reduce", "all_to_all", "barrier", "broadcast", "gather", "irecv", "isend",
+                     "recv", "reduce", "scatter", "send")  # fmt: skip
+
+
+def _disallow_collectives_in_graph() -> None:
+    """As the bridge's ``_disallow_collectives_in_graph`` at import (a work-around for pytorch issue 102478): every
+    collective function of ``torch.distributed`` is disallowed in dynamo graphs, with torch's own helper. On torch
+    2.13 dynamo first rewrites a traced ``dist.all_reduce`` (and the other traceable collectives) into its
+    functional form (``_c10d_functional``), which the disallowed list does not hold: the collective enters the
+    graph, on the real bridge as here. Taken back when the simulator unloads (in-process tests import it often)."""
+    import inspect
+    import warnings
+
+    import torch._dynamo
+    from torch._dynamo import trace_rules
+
+    sets = (trace_rules._allowed_callable_ids, trace_rules._nonstrict_trace_callable_ids)
+    changed = []
+    for member in dir(dist):
+        with warnings.catch_warnings():  # dist.reduce_op's deprecation warning: noise, not behaviour to model
+            warnings.simplefilter("ignore")
+            function = getattr(dist, member)
+            is_function = inspect.isfunction(function)
+        if is_function and any(name in function.__name__ for name in _COLLECTIVE_NAMES):
+            before = [id(function) in ids for ids in (*sets, trace_rules._disallowed_callable_ids)]
+            torch._dynamo.decorators._disallow_in_graph_helper(False)(function)
+            changed.append((function, before))
+
+    def undo() -> None:
+        for function, (allowed, nonstrict, disallowed) in changed:
+            if not disallowed:
+                trace_rules._disallowed_callable_ids.remove(id(function))
+            for ids, was in zip(sets, (allowed, nonstrict), strict=True):
+                if was:
+                    ids.add(id(function))
+
+    _hf.on_unload(undo)
+
+
 def _destroy_at_exit() -> None:
     """The group is a Python object holding a gloo group: destroyed during interpreter teardown, gloo's threads
     could abort a rank on its way out. An atexit hook (a simulator artifact; the real group is C++) destroys it
@@ -217,6 +340,8 @@ def _destroy_at_exit() -> None:
         dist.destroy_process_group()
 
 
+if dist.is_available():
+    _disallow_collectives_in_graph()
 if dist.is_available() and hasattr(dist, "ProcessGroupGloo") and _device.loaded():
     atexit.register(_destroy_at_exit)
     dist.Backend.register_backend("hccl", _ProcessGroupHCCL, devices=["hpu"])
