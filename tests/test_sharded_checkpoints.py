@@ -214,6 +214,19 @@ def test_sigterm_and_sigkill_leave_sharded_checkpoints_the_restarted_job_resumes
     # --async_save: a save returns before its checkpoint is published (training goes on), but for the last one
     assert resumed["published_at_save"] == {"4": False, "6": True}
     assert sorted(p.name for p in (out / "run").iterdir()) == [f"checkpoint-{n}" for n in (2, 3, 4, 6)]
+    assert_no_rank_published_the_poisoned_checkpoint(out / "poisoned", result.stderr, world=2)
+
+
+def assert_no_rank_published_the_poisoned_checkpoint(run: Path, stderr: str, world: int) -> None:
+    """train_sharded.py's poisoned run: a NaN in the last rank's shard at step 4; every rank leaves checkpoint-4
+    out (one line from that rank, one from rank 0), checkpoint-2 stays (--save_total_limit 1 rotated nothing)."""
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith("checkpoint")) == ["checkpoint-2"]
+    last = world - 1
+    assert (
+        f"checkpoint-4 not written: the weights hold a NaN or inf (model.layers.1.mlp.up_proj.weight, rank {last})"
+        in stderr
+    )
+    assert "checkpoint-4 not written: the weights hold a NaN or inf (on another rank)" in stderr
 
 
 def test_a_sharded_checkpoint_saved_on_2_processes_resumes_on_4(job):
@@ -232,3 +245,4 @@ def test_a_sharded_checkpoint_saved_on_2_processes_resumes_on_4(job):
     assert on4["losses"] == pytest.approx(whole["losses"], abs=1e-4)
     a, b = _weights(out / "whole.safetensors"), _weights(out / "on4" / "resized.safetensors")
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    assert_no_rank_published_the_poisoned_checkpoint(out / "on4" / "poisoned", resized.stderr, world=4)

@@ -11,6 +11,7 @@ import json
 import subprocess
 import threading
 
+import pytest
 from test_launch import SCRIPTS, job_environment, launch_command
 
 
@@ -37,42 +38,47 @@ def test_every_group_the_project_makes_honours_ddp_timeout(tmp_path):
 # ---- the progress watchdog (point 2) ------------------------------------------------------------------------------
 
 
-def test_a_stopped_rank_an_endless_loop_and_a_collective_never_joined_are_reported_and_restarted(tmp_path):
-    """One job, three attempts (--max_restarts 2): in each, rank 1 stalls another way after a checkpoint
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_a_stopped_rank_an_endless_loop_and_a_collective_never_joined_are_reported_and_restarted(tmp_path, world_size):
+    """One job, three attempts (--max_restarts 2): in each, the last rank stalls another way after a checkpoint
     (tests/scripts/train_stalls.py). Each time every rank writes its stacks and the collective it waits in, the
     deciding rank one line, and torchrun restarts the job from the newest complete checkpoint; the last attempt's
     line is the launcher's. (A first step, save or evaluation outlasting the limit: the in-process tests below.)"""
-    out = tmp_path / "run"
+    out, last = tmp_path / "run", world_size - 1
     result = subprocess.run(
-        launch_command("--world_size", "2", "--max_restarts", "2", str(SCRIPTS / "train_stalls.py"), str(tmp_path))
-        + ["5", "--output_dir", str(out), "--max_steps", "16", "--save_strategy", "steps", "--save_steps", "2"]
-        + ["--logging_steps", "1", "--per_device_train_batch_size", "4", "--report_to", "none"]
-        + ["--disable_tqdm", "true", "--hang_timeout", "4"],
+        launch_command("--world_size", str(world_size), "--max_restarts", "2", str(SCRIPTS / "train_stalls.py"))
+        + [str(tmp_path), "5", "--output_dir", str(out), "--max_steps", "16", "--save_strategy", "steps"]
+        + ["--save_steps", "2", "--logging_steps", "1", "--per_device_train_batch_size", "4", "--report_to", "none"]
+        + ["--disable_tqdm", "true", "--hang_timeout", "6"],
         capture_output=True,
         text=True,
         env=job_environment(),
         cwd=tmp_path,
-        timeout=400,
+        timeout=500,
     )
+    errors = "\n".join(line for line in result.stderr.splitlines() if line.startswith("error:"))
     assert result.returncode != 0, result.stderr[-3000:]
     folders = sorted(out.glob("hang-*"))
     assert len(folders) == 3, result.stderr[-3000:]
-    last = result.stderr.rstrip().splitlines()[-1]
-    assert last == f"error: {(folders[-1] / 'summary.txt').read_text().strip()} (after 2 restart(s))", last
-    assert last.startswith("error: rank 1 made no progress for ") and str(folders[-1]) in last
+    final = result.stderr.rstrip().splitlines()[-1]
+    assert final == f"error: {(folders[-1] / 'summary.txt').read_text().strip()} (after 2 restart(s))", final
+    assert final.startswith(f"error: rank {last} made no progress for ") and str(folders[-1]) in final
     assert "Restart 1 of this job: resuming from" in result.stderr
     assert "Restart 2 of this job: resuming from" in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.startswith("error: rank 1 made no progress")]
-    assert len(lines) == 4  # one per stall from the deciding rank, and the launcher's
-    reports = [{rank: (folder / f"rank{rank}.txt").read_text() for rank in (0, 1)} for folder in folders]
+    # one line per stall from the deciding rank, and the launcher's
+    assert [line.startswith(f"error: rank {last} made no progress") for line in errors.splitlines()] == [True] * 4, (
+        errors
+    )
+    reports = [{rank: (folder / f"rank{rank}.txt").read_text() for rank in range(world_size)} for folder in folders]
     for report in reports:
         for text in report.values():
             assert "Python stacks of every thread" in text and 'File "' in text
-        assert "waiting in: gloo:" in report[0]  # rank 0 waits for rank 1 in a collective
+        for rank in range(last):
+            assert "waiting in: gloo:" in report[rank]  # the others wait for the last rank in a collective
     stopped, looping, blocked = reports
-    assert "stalled: rank(s) 1: its process stopped running" in stopped[0]
-    assert "in endless_loop" in looping[1] and "waiting in: no collective" in looping[1]
-    assert "waiting in: gloo:all_reduce on group #" in blocked[1]  # the group rank 0 never joins
+    assert f"stalled: rank(s) {last}: its process stopped running" in stopped[0]
+    assert "in endless_loop" in looping[last] and "waiting in: no collective" in looping[last]
+    assert "waiting in: gloo:all_reduce on group #" in blocked[last]  # the group the others never join
 
 
 class FakeStore:
@@ -200,15 +206,19 @@ def test_the_default_limit_comes_from_the_runs_own_times_with_a_floor():
 # ---- stragglers (point 4) and non-finite steps on several processes (point 3) -------------------------------------
 
 
-def test_a_slow_rank_is_logged_and_named_once_and_a_nan_on_one_rank_is_skipped_on_every_rank_then_stops(tmp_path):
-    """Rank 1 is slow every step and its loss is NaN at steps 9, 13 and 14 (tests/scripts/train_stragglers.py):
-    each logging step records the slowest and fastest rank, rank 1 is named once; step 9 is skipped on both ranks
-    (neither AdamW stepped), steps 13 and 14 are two in a row (--max_nonfinite_skips 1): one line, exit 2."""
-    out = tmp_path / "run"
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_a_slow_rank_is_logged_and_named_once_and_a_nan_on_one_rank_is_skipped_on_every_rank_then_stops(
+    tmp_path, world_size
+):
+    """The last rank is slow every step and its loss is NaN at steps 9, 13 and 14 (tests/scripts/
+    train_stragglers.py): each logging step records the slowest and fastest rank, the slow one is named once; step
+    9 is skipped on every rank (no AdamW stepped), steps 13 and 14 are two in a row (--max_nonfinite_skips 1): one
+    line, exit 2."""
+    out, last = tmp_path / "run", world_size - 1
     result = subprocess.run(
-        launch_command("--world_size", "2", str(SCRIPTS / "train_stragglers.py"), str(tmp_path), "9,13,14")
-        + ["--output_dir", str(out), "--max_steps", "16", "--save_strategy", "steps", "--save_steps", "4"]
-        + ["--logging_steps", "2", "--per_device_train_batch_size", "4", "--report_to", "none"]
+        launch_command("--world_size", str(world_size), str(SCRIPTS / "train_stragglers.py"), str(tmp_path))
+        + ["9,13,14", "--output_dir", str(out), "--max_steps", "16", "--save_strategy", "steps", "--save_steps"]
+        + ["4", "--logging_steps", "2", "--per_device_train_batch_size", "4", "--report_to", "none"]
         + ["--disable_tqdm", "true", "--on_nonfinite", "skip", "--max_nonfinite_skips", "1"],
         capture_output=True,
         text=True,
@@ -218,15 +228,16 @@ def test_a_slow_rank_is_logged_and_named_once_and_a_nan_on_one_rank_is_skipped_o
     )
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.rstrip().splitlines()[-1] == (
-        "error: step 14: the loss is nan on rank 1 (gradient norm nan): 2 such steps in a row; stopped before its "
-        "optimizer step (--max_nonfinite_skips 1 skips at most that many in a row)."
+        f"error: step 14: the loss is nan on rank {last} (gradient norm nan): 2 such steps in a row; stopped before "
+        "its optimizer step (--max_nonfinite_skips 1 skips at most that many in a row)."
     )
-    assert "step 9: the loss is nan on rank 1 (gradient norm nan); step skipped" in result.stderr
-    assert [(tmp_path / f"optimizer_steps.rank{r}").read_text() for r in (0, 1)] == ["11", "11"]
-    assert result.stderr.count("Rank 1 has been slower than the median rank for 3 logging intervals") == 1
+    assert f"step 9: the loss is nan on rank {last} (gradient norm nan); step skipped" in result.stderr
+    steps = [(tmp_path / f"optimizer_steps.rank{r}").read_text() for r in range(world_size)]
+    assert steps == ["11"] * world_size
+    assert result.stderr.count(f"Rank {last} has been slower than the median rank for 3 logging intervals") == 1
     history = json.loads((out / "checkpoint-12" / "trainer_state.json").read_text())["log_history"]
     logged = [h for h in history if "loss" in h]
-    assert len(logged) == 6 and all(h["slowest_rank"] == 1 and h["fastest_rank"] == 0 for h in logged)
+    assert len(logged) == 6 and all(h["slowest_rank"] == last and h["fastest_rank"] != last for h in logged)
     assert all(h["slowest_rank_step_time"] > h["fastest_rank_step_time"] + 0.1 for h in logged)
     assert [h["nonfinite_skipped_steps"] for h in logged] == [0, 0, 0, 0, 1, 1]
     assert not list(out.glob("hang-*"))  # the watchdog (on by default) never fired

@@ -9,6 +9,9 @@ ends the processes with 143, and the agent restarts the job. The second attempt 
 killed (SIGKILL) in its next save, once the model's shards are written and before its optimizer shard is. The
 third attempt resumes again, from the newest complete checkpoint, and trains to the end.
 MODE ``resume``: the run of --output_dir resumes (--resume_from_checkpoint), on whatever number of processes.
+After the third attempt of ``job`` and after ``resume``, the same processes train OUT_DIR/poisoned for 4 steps
+(saves every 2): when step 4 ends, the last rank writes a NaN into its own shard of one weight, so checkpoint-4
+must not be written by any rank (the ranks agree) and checkpoint-2 stays.
 MODE ``room=BYTES``: every file system has BYTES free; the script runs as the examples do (one line for a user
 error, exit status 2).
 
@@ -70,6 +73,26 @@ def sigkill_rank_1_before_its_optimizer_shard() -> None:
     dcp.FileSystemWriter.write_data = dying
 
 
+class NanInTheLastRanksShardAt(TrainerCallback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == self.step and args.process_index == args.world_size - 1:
+            weight = model.get_parameter("model.layers.1.mlp.up_proj.weight")
+            with torch.no_grad():
+                (weight.to_local() if isinstance(weight, DTensor) else weight).view(-1)[0] = float("nan")
+
+
+def poisoned(out: Path, argv: list[str]) -> None:
+    flags = ["--output_dir", str(out / "poisoned"), "--max_steps", "4", "--save_total_limit", "1"]
+    (args,) = HfArgumentParser(GaudiTrainingArguments).parse_args_into_dataclasses([*argv, *flags])
+    trainer = GaudiTrainer(
+        model=tiny.llama(), args=args, train_dataset=tiny.lm_data(), callbacks=[NanInTheLastRanksShardAt(4)]
+    )
+    trainer.train()
+
+
 def train(out: Path, name: str, args: GaudiTrainingArguments, callbacks=()) -> None:
     published = PublishedAtSave()
     trainer = GaudiTrainer(
@@ -97,6 +120,7 @@ def main() -> None:
     torch.set_num_threads(1)
     if mode == "resume":
         train(out, "resized", args)
+        poisoned(out, argv)  # train() is not asked to resume: --resume_from_checkpoint has no effect there
     elif mode.startswith("room="):
         free = int(mode.removeprefix("room="))
         shutil.disk_usage = lambda path: shutil._ntuple_diskusage(10**12, 10**12 - free, free)
@@ -113,6 +137,8 @@ def main() -> None:
         if restart_count() == 1:
             sigkill_rank_1_before_its_optimizer_shard()
         train(out, "resumed", args)
+        if restart_count() == 2:
+            poisoned(out, argv)
     tiny.leave_process()
 
 

@@ -3,10 +3,10 @@
     train_stalls.py OUT_DIR STALL_STEP [GaudiTrainingArguments flags...]
 
 Run under ``optimum-gaudi launch --max_restarts 2`` with a short ``--hang_timeout``. When step STALL_STEP +
-4 x restart ends (neither a save step nor the first step after resuming, which never count), rank 1:
+4 x restart ends (neither a save step nor the first step after resuming, which never count), the last rank:
 - attempt 0: stops itself (SIGSTOP), as a stuck card or a host under swap would;
 - attempt 1: spins in an endless Python loop;
-- attempt 2: waits in an all-reduce rank 0 never joins (a collective that never completes).
+- attempt 2: waits in an all-reduce the other ranks never join (a collective that never completes).
 Each attempt writes OUT_DIR/attempt-<restart>.json from rank 0 when training starts (where it resumed from);
 a run that finishes writes OUT_DIR/done.json.
 """
@@ -45,7 +45,7 @@ class Stall(TrainerCallback):
             (self.out / f"attempt-{self.restart}.json").write_text(json.dumps({"resumed_at": resumed}))
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step != self.step or args.process_index != 1:
+        if state.global_step != self.step or args.process_index != args.world_size - 1:
             return
         if self.restart == 0:
             os.kill(os.getpid(), signal.SIGSTOP)

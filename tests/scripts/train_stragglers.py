@@ -1,8 +1,8 @@
-"""Train a tiny GPT-2 with DDP where rank 1 is slow and, at some steps, its loss is NaN (issue 38, points 3, 4).
+"""Train a tiny GPT-2 with DDP where the last rank is slow and, at some steps, its loss is NaN (issue 38, points 3, 4).
 
     train_stragglers.py OUT_DIR NAN_STEPS [GaudiTrainingArguments flags...]
 
-Rank 1's forward takes 200 ms longer (a slow card or host); at the steps listed in NAN_STEPS (comma-separated) its
+The last rank's forward takes 200 ms longer (a slow card or host); at the steps listed in NAN_STEPS (comma-separated) its
 loss is NaN. Each rank writes OUT_DIR/optimizer_steps.rankN at step 12: how many steps its AdamW took.
 """
 
@@ -21,15 +21,16 @@ from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments  # noqa: E402
 from optimum_gaudi.errors import call_main  # noqa: E402
 
 
-class NanOnRank1:
+class NanOnTheLastRank:
     def __init__(self, steps: set[int]) -> None:
         self.steps, self.trainer = steps, None
 
     def __call__(self, outputs, labels, num_items_in_batch=None):
         logits = outputs["logits"][:, :-1].reshape(-1, outputs["logits"].shape[-1])
         loss = torch.nn.functional.cross_entropy(logits, labels[:, 1:].reshape(-1))
-        state, rank = self.trainer.state, self.trainer.args.process_index
-        return loss * float("nan") if rank == 1 and state.global_step + 1 in self.steps else loss
+        state, args = self.trainer.state, self.trainer.args
+        last = args.process_index == args.world_size - 1
+        return loss * float("nan") if last and state.global_step + 1 in self.steps else loss
 
 
 class OptimizerSteps(TrainerCallback):
@@ -47,9 +48,9 @@ def main(argv) -> None:
     (args,) = HfArgumentParser(GaudiTrainingArguments).parse_args_into_dataclasses(argv)
     torch.set_num_threads(1)
     model = tiny.gpt2(**tiny.NO_DROPOUT)
-    if args.process_index == 1:
+    if args.process_index == args.world_size - 1:
         model.register_forward_pre_hook(lambda module, inputs: time.sleep(0.2))
-    nan = NanOnRank1(nan_steps)
+    nan = NanOnTheLastRank(nan_steps)
     trainer = GaudiTrainer(model=model, args=args, train_dataset=tiny.lm_data(), compute_loss_func=nan)
     nan.trainer = trainer
     trainer.add_callback(OptimizerSteps(out))
