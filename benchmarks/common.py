@@ -52,11 +52,18 @@ class StepClock(TrainerCallback):
         self.begin = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         if state.global_step == self.warmup:
-            self.start = now
+            self.start, self.cpu_start = now, cpu
         elif state.global_step > self.warmup:
-            self.end, self.steps = now, state.global_step - self.warmup
+            self.end, self.cpu_end, self.steps = now, cpu, state.global_step - self.warmup
+
+    @property
+    def cpu_seconds_per_step(self) -> float:
+        """CPU time of this process (all its threads) per timed step: what a shared machine's load does not add."""
+        if not self.steps:
+            raise ValueError(f"no step after the {self.warmup} warm-up steps was timed: train for more steps")
+        return (self.cpu_end - self.cpu_start) / self.steps
 
     @property
     def seconds_per_step(self) -> float:

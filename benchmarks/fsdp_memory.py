@@ -38,7 +38,7 @@ TRACED = (
     "while the CPU device kept freed blocks below 1 GiB in the heap for the next step (its setting for "
     "unsharded runs: FSDP's layer-sized blocks of many sizes fragmented the heap, which never shrinks), "
     "1.22 GB with glibc's default thresholds, 1.03 GB with blocks from 1 MiB up given back when freed, which "
-    "a sharded run now does. Throughput: FSDP's collectives for each layer (two all-gathers, a "
+    "a sharded run did then (from 8 MiB up since, for CPU time: the fsdp_cpu_time section). Throughput: FSDP's collectives for each layer (two all-gathers, a "
     "reduce-scatter) over gloo, and the page faults of memory given back and taken again, cost most of DDP's "
     "tokens/s on these 2 shared cores."
 )

@@ -11,7 +11,9 @@ same tokens in a process of its own:
                       autocast, fused AdamW and clipping, the blocks and the loss compiled)
   gaudi_compile_fp8_flce  the same + --fp8 (torchao's Float8Linear on the blocks' linear layers)
                       + --use_fused_linear_cross_entropy (a row says so where the flag is missing)
-  gaudi_compile_fp8   the same without the fused linear cross-entropy
+  liger_compile       hand_tuned_compile + --use_liger_kernel (Liger's Triton RMSNorm, RoPE, SwiGLU and fused linear
+                      cross-entropy; liger-kernel carried as a wheel); skipped where it is not importable or no GPU
+  gaudi_compile_fp8   the same as gaudi_compile_fp8_flce without the fused linear cross-entropy
 Both sides compile regionally (each decoder block once for all 16): whole-model compilation of 16 layers takes
 minutes per setup, and the benchmark must fit one short call on a lent GPU.
 
@@ -73,9 +75,13 @@ SETUPS = {  # in the order of the issue's targets: a run cut short keeps the one
     "gaudi_compile_fp8_flce": (
         GaudiTrainer, GaudiTrainingArguments, {**GAUDI, "fp8": True, "use_fused_linear_cross_entropy": True}, {},
     ),
+    # the peer a GPU user picks for LLM fine-tuning: Liger's Triton RMSNorm, RoPE, SwiGLU and fused linear
+    # cross-entropy (liger-kernel, carried as a wheel by tests/scripts/device_wheels.sh), compiled regionally
+    "liger_compile": (Trainer, TrainingArguments, {**TUNED, "use_liger_kernel": True}, REGIONAL_ENV),
     "gaudi_compile_fp8": (GaudiTrainer, GaudiTrainingArguments, {**GAUDI, "fp8": True}, {}),
 }  # fmt: skip
 BASELINE = "hand_tuned_compile"
+LIGER = "liger_compile"
 
 
 def on_gpu() -> bool:
@@ -172,6 +178,11 @@ def skip_reason(setup: str) -> str | None:
         return "flag not available: " + ", ".join(f"--{name}" for name in missing)
     if flags.get("fp8") and importlib.util.find_spec("torchao") is None:
         return "torchao not importable (--fp8 needs it)"
+    if flags.get("use_liger_kernel"):
+        if importlib.util.find_spec("liger_kernel") is None:
+            return "liger-kernel not importable (tests/scripts/device_wheels.sh carries it)"
+        if not on_gpu():
+            return "Liger's kernels are Triton kernels: a GPU only"
     return None
 
 

@@ -79,13 +79,21 @@ def batch() -> dict[str, torch.Tensor]:
 FAMILIES = ("Mistral", "Qwen2", "Qwen3", "Gemma")  # Gemma (1): tied embeddings, no soft cap
 
 
+MODELS = [llama, gpt2_tied, gpt2_with_head_bias, *map(llama_family, FAMILIES)]
+MODEL_IDS = ["llama", "gpt2-tied", "head-bias", *(f.lower() for f in FAMILIES)]
+# the chunk step compiled (aot_eager: dynamo's capture and AOTAutograd without code generation, cheap; inductor's
+# code is checked by test_compiled_chunk_step_with_inductor)
+COMPILED = [
+    pytest.param(make, True, id=f"{name}-compiled") for make, name in zip(MODELS, MODEL_IDS, strict=True)
+    if name in ("llama", "gpt2-tied", "head-bias")
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "make",
-    [llama, gpt2_tied, gpt2_with_head_bias, *map(llama_family, FAMILIES)],
-    ids=["llama", "gpt2-tied", "head-bias", *(f.lower() for f in FAMILIES)],
+    ("make", "compiled"), [*(pytest.param(m, False, id=i) for m, i in zip(MODELS, MODEL_IDS, strict=True)), *COMPILED]
 )
 @pytest.mark.parametrize("num_items", [None, 40])
-def test_loss_and_gradients_are_the_models_own(make, num_items):
+def test_loss_and_gradients_are_the_models_own(make, compiled, num_items):
     model = make()
     reference = copy.deepcopy(model)
     kwargs = {} if num_items is None else {"num_items_in_batch": torch.tensor(num_items)}
@@ -93,13 +101,49 @@ def test_loss_and_gradients_are_the_models_own(make, num_items):
     expected.loss.backward()
     head_shapes = []
     model.get_output_embeddings().register_forward_hook(lambda m, a, out: head_shapes.append(out.shape))
-    with FusedLinearCrossEntropy.of(model).step():
+    fused = FusedLinearCrossEntropy.of(model)
+    if compiled:
+        fused.compile_with({"backend": "aot_eager"})
+    with fused.step():
         got = model(**batch(), **kwargs)
     got.loss.backward()
     assert head_shapes == [(3, 1, VOCAB)]  # the full logits are never computed
     torch.testing.assert_close(got.loss, expected.loss, rtol=1e-5, atol=0)
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+# Every op the fused loss runs besides the output layer, in the bf16 list: a user's list may name any of them
+EVERY_OP_BF16 = (
+    "linear mm addmm matmul mul sub add sum amax exp log gather where masked_fill scatter_add div true_divide neg "
+    "clone ne eq".split()
+)
+
+
+@pytest.mark.parametrize("bf16_ops", [None, EVERY_OP_BF16], ids=["habana-default-lists", "every-op-bf16"])
+def test_under_op_list_autocast_the_loss_is_summed_in_float32(bf16_ops):
+    """Habana's default lists put ``mul`` (and ``mean``, ``softmax``) in bf16 (hpu_ops/autocast_helpers.h): the
+    model's own loss is float32 cross-entropy on its bf16 logits, and so must the fused loss be, whatever else a
+    list names (issue 37: its per-token sum was bf16, 3.9e-4 from an fp32 reference against the model's 4.4e-5)."""
+    from optimum_gaudi.configuration.op_lists import resolve_op_lists
+    from optimum_gaudi.devices.autocast import OpListAutocast
+
+    model = llama()
+    reference = copy.deepcopy(model)
+    lists = OpListAutocast(*resolve_op_lists(bf16_ops, [] if bf16_ops else None))
+    with lists:
+        expected = reference(**batch())
+        with FusedLinearCrossEntropy.of(model).step():
+            got = model(**batch())
+    assert expected.logits.dtype == torch.bfloat16  # the head did run in bf16
+    fp32_loss = ForCausalLMLoss(expected.logits.float(), batch()["labels"], VOCAB)  # of those logits, no autocast
+    assert got.loss.dtype == torch.float32
+    torch.testing.assert_close(got.loss, fp32_loss, rtol=2e-6, atol=0)
+    if bf16_ops is None:  # the model's own loss is that too
+        torch.testing.assert_close(got.loss, expected.loss, rtol=2e-6, atol=0)
+    expected.loss.backward()
+    got.loss.backward()
+    torch.testing.assert_close(model.lm_head.weight.grad, reference.lm_head.weight.grad, rtol=2e-2, atol=1e-4)
 
 
 def test_function_matches_for_causal_lm_loss_with_shift_labels_and_no_grad():
@@ -116,15 +160,90 @@ def test_function_matches_for_causal_lm_loss_with_shift_labels_and_no_grad():
         torch.testing.assert_close(got, expected, rtol=1e-6, atol=0)
 
 
-def test_compiles_without_graph_breaks():
-    """The whole model, its hooks and the fused loss, forward and backward, in one graph (a break raises)."""
+def test_compiled_chunk_step_with_inductor(bias=True):
+    """The chunk step compiled by inductor (generated code): loss and the gradients of the hidden states, weight
+    and bias equal those of the full logits' cross-entropy, with ignored targets and a last chunk of another
+    shape."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 11, 16, generator=g, requires_grad=True)
+    weight = torch.randn(VOCAB, 16, generator=g, requires_grad=True)
+    head_bias = torch.randn(VOCAB, generator=g, requires_grad=True) if bias else None
+    labels = torch.randint(0, VOCAB, (2, 11), generator=g)
+    labels[0, :4] = -100
+    expected = ForCausalLMLoss(torch.nn.functional.linear(hidden, weight, head_bias), labels, VOCAB)
+    want = torch.autograd.grad(expected, [hidden, weight, *([head_bias] if bias else [])])
+    torch._dynamo.reset()
+    step = fused_loss.compiled_chunk(backend="inductor")
+    got = linear_cross_entropy(hidden, weight, labels, head_bias, chunk_tokens=4, compiled_chunk=step)  # 4, 4, ..., 2
+    grads = torch.autograd.grad(got, [hidden, weight, *([head_bias] if bias else [])])
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=0)
+    for a, b in zip(grads, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_the_weight_gradient_is_accumulated_in_one_buffer():
+    """No [vocabulary, hidden] temporary per chunk: over 6 chunks, forward and backward make one such tensor
+    (the weight's float32 gradient, added into in place and scaled in place)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NewWeightShaped(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.storages = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and tuple(t.shape) == (VOCAB, 16):
+                    self.storages.add(t.untyped_storage().data_ptr())
+            return out
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 12, 16, generator=g, requires_grad=True)
+    weight = torch.randn(VOCAB, 16, generator=g, requires_grad=True)
+    labels = torch.randint(0, VOCAB, (2, 12), generator=g)
+    with NewWeightShaped() as seen:
+        linear_cross_entropy(hidden, weight, labels, chunk_tokens=4).backward()
+    assert len(seen.storages - {weight.untyped_storage().data_ptr()}) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (tests/scripts/device_check.sh runs it on one)")
+@pytest.mark.parametrize("chunk_step", ["eager", "inductor"])
+def test_on_cuda_under_bf16_autocast_the_weight_gradient_is_added_into_float32_in_place(chunk_step):
+    """torch's CUDA addmm writes a bf16 product into the float32 gradient (out_dtype): probed once, then used for
+    every chunk; loss and gradients those of the full logits under the same autocast."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 24, 64, generator=g).cuda().requires_grad_()
+    weight = torch.randn(VOCAB, 64, generator=g).cuda().requires_grad_()
+    labels = torch.randint(0, VOCAB, (2, 24), generator=g).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = torch.nn.functional.linear(hidden, weight)
+    expected = ForCausalLMLoss(logits.float(), labels, VOCAB)
+    want = torch.autograd.grad(expected, [hidden, weight])
+    step = fused_loss.compiled_chunk(backend="inductor") if chunk_step == "inductor" else None
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got = linear_cross_entropy(hidden, weight, labels, chunk_tokens=16, compiled_chunk=step)
+    grads = torch.autograd.grad(got, [hidden, weight])
+    assert fused_loss._MIXED_ADDMM.get("cuda") is True
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
+    for a, b in zip(grads, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=1e-4)
+
+
+@pytest.mark.parametrize("chunk_step", ["eager", "compiled"])
+def test_compiles_without_graph_breaks(chunk_step):
+    """The whole model, its hooks and the fused loss, forward and backward, in one graph (a break raises): no break
+    between the last block and the loss; a compiled chunk step is traced into the model's graph."""
     model, reference = llama(), llama()
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="eager")
     kwargs = {**batch(), "num_items_in_batch": torch.tensor(23)}
     expected = reference(**kwargs).loss
     expected.backward()
-    with FusedLinearCrossEntropy.of(model).step():
+    fused = FusedLinearCrossEntropy.of(model)
+    if chunk_step == "compiled":
+        fused.compile_with({"backend": "eager"})
+    with fused.step():
         got = compiled(**kwargs)
     got.loss.backward()
     assert got.logits.shape[1] == 1
@@ -175,13 +294,18 @@ def test_with_fp8_the_fused_loss_gives_fp8s_own_losses(tmp_path, torchao):
 
 
 @pytest.mark.cpu
-def test_regional_compilation_which_compiles_the_loss_function_keeps_the_fused_loss(tmp_path):
-    """--use_regional_compilation compiles the model's loss_function before the first step: the fused loss still
-    recognises transformers' causal LM loss under it (it refused the model on the H200 benchmark before)."""
+def test_with_regional_compilation_the_loss_is_compiled_beside_the_blocks(tmp_path):
+    """--torch_compile compiles the fused loss's chunk step with the model's backend, here beside the regionally
+    compiled blocks (--use_regional_compilation also compiles the model's loss_function before the first step: the
+    fused loss still recognises transformers' causal LM loss under it). A model compiled whole traces the loss into
+    its own graph (test_compiles_without_graph_breaks). Losses equal the model's own with gradient accumulation
+    and padded labels."""
     _, expected = train(llama(num_hidden_layers=2), tmp_path / "a", fused=False)
     compiled = dict(torch_compile=True, use_regional_compilation=True, torch_compile_backend="aot_eager")
     trainer, got = train(llama(num_hidden_layers=2), tmp_path / "b", fused=True, **compiled)
-    assert trainer.model.model.layers[0]._compiled_call_impl is not None  # the blocks were compiled regionally
+    inner = trainer.accelerator.unwrap_model(trainer.model, keep_torch_compile=False)
+    assert inner.model.layers[0]._compiled_call_impl is not None  # the blocks were compiled regionally
+    assert FusedLinearCrossEntropy.of(inner).compiled_chunk is not None
     assert len(got) == 3 and got == pytest.approx(expected, rel=1e-4)
 
 
@@ -211,6 +335,10 @@ def test_lora_with_a_frozen_head(tmp_path):
     trainer, got = train(lora(), tmp_path / "b", fused=True, learning_rate=1e-2)
     assert not trainer.model.get_base_model().lm_head.weight.requires_grad
     assert got == pytest.approx(expected, rel=1e-5)
+    compiled = dict(torch_compile=True, use_regional_compilation=True, torch_compile_backend="aot_eager")
+    trainer, got = train(lora(), tmp_path / "c", fused=True, learning_rate=1e-2, **compiled)
+    assert FusedLinearCrossEntropy.of(trainer.model).compiled_chunk is not None
+    assert got == pytest.approx(expected, rel=1e-4)
 
 
 def gemma2() -> Gemma2ForCausalLM:
@@ -278,7 +406,8 @@ def test_the_gaudi_config_key_steps_aside_where_it_cannot_serve(tmp_path, caplog
 
 def test_fsdp_sharded_heads_give_the_models_own_losses(tmp_path):
     """FSDP2 on 2 processes, an untied Llama: the output layer in the root unit, and as a unit of its own (resharded
-    after its forward, so the loss gathers it again and FSDP reduce-scatters its gradient)."""
+    after its forward, so the loss gathers it again and FSDP reduce-scatters its gradient), also with the chunk
+    step compiled (regional compilation)."""
     script = Path(__file__).parent / "scripts" / "fused_loss_fsdp.py"
     out = tmp_path / "out.json"
     with socket.socket() as s:
@@ -293,3 +422,5 @@ def test_fsdp_sharded_heads_give_the_models_own_losses(tmp_path):
     assert all(run["head_is_sharded"] for run in runs.values())
     assert runs["root_fused"]["losses"] == pytest.approx(runs["root"]["losses"], rel=1e-5)
     assert runs["own_unit_fused"]["losses"] == pytest.approx(runs["root"]["losses"], rel=1e-5)
+    assert runs["own_unit_fused_compiled"]["chunk_compiled"]
+    assert runs["own_unit_fused_compiled"]["losses"] == pytest.approx(runs["root"]["losses"], rel=1e-4)

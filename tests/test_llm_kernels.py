@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import torch
-from conftest import GAUDI_SOFTWARE
+from conftest import GAUDI_SOFTWARE, ON_DEVICE
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from optimum_gaudi import GaudiArgumentError, GaudiConfig, GaudiTrainer, GaudiTrainingArguments
@@ -229,8 +229,9 @@ def test_fused_rms_norm_and_rope_on_gaudi_keep_the_model_and_its_losses(tmp_path
 
 @BOTH
 def test_fused_linear_cross_entropy_on_gaudi_trains_as_the_models_own_loss(tmp_path, bridge, gaudi_software):
-    """The chunked loss on the Gaudi path (lazy mode under 1.19, eager under 1.21; on hpu tensors in the pytest
-    process on the simulated device): the losses of the full logits, and the head never computes them."""
+    """The chunked loss on the Gaudi path (lazy mode under 1.19, eager under 1.21, and on hpu tensors in the pytest
+    process on the simulated device also eager + torch.compile): the losses of the full logits, and the head never
+    computes them."""
     gaudi = dict(use_habana=True, use_lazy_mode=gaudi_software == "1.19")
     reference = train_losses(llama(), args(tmp_path / "full", **gaudi), padded_data())
     model, head_rows = llama(), []
@@ -238,6 +239,41 @@ def test_fused_linear_cross_entropy_on_gaudi_trains_as_the_models_own_loss(tmp_p
     losses = train_losses(model, args(tmp_path / "fused", use_fused_linear_cross_entropy=True, **gaudi), padded_data())
     torch.testing.assert_close(losses, reference, rtol=1e-5, atol=0)
     assert head_rows == [1] * 3  # one position a row, each step
+    if gaudi_software == "1.21" and ON_DEVICE:  # eager + torch.compile (hpu_backend): the chunk step compiled too
+        from optimum_gaudi.features.linear_cross_entropy import FusedLinearCrossEntropy
+
+        model, compiled = llama(), dict(torch_compile=True, use_regional_compilation=True)
+        flags = args(tmp_path / "compiled", use_fused_linear_cross_entropy=True, **gaudi, **compiled)
+        losses = train_losses(model, flags, padded_data())
+        torch.testing.assert_close(losses, reference, rtol=1e-5, atol=0)
+        assert FusedLinearCrossEntropy.of(model).compiled_chunk is not None
+        assert bridge().calls_named("dynamo.hpu_backend")  # compiled by the Gaudi's backend
+
+
+@BOTH
+@pytest.mark.skipif(not ON_DEVICE, reason="the bridge's autocast casts hpu tensors: run on the simulated device")
+def test_fused_linear_cross_entropy_sums_in_float32_under_the_bridges_default_lists(tmp_path, bridge, gaudi_software):
+    """use_torch_autocast with no lists: the bridge's defaults (hpu_ops/autocast_helpers.h), where ``mul`` is bf16.
+    The first step's loss (same weights, same batch) with the fused loss is the model's own: float32
+    cross-entropy of the head's bf16 logits (it was bf16-rounded: issue 37)."""
+    gaudi = dict(use_habana=True, use_lazy_mode=gaudi_software == "1.19", max_steps=1)
+    losses = {}
+    for fused in (False, True):
+        model, seen = llama(), []
+
+        def record(module, inputs, out, seen=seen):  # the training step's forward (a Gaudi run also checks the batch)
+            if module.training:
+                seen.append((out.loss.detach(), out.logits.dtype))
+
+        model.register_forward_hook(record)
+        flags = args(tmp_path / str(fused), use_fused_linear_cross_entropy=fused, **gaudi)
+        train_losses(model, flags, padded_data(), GaudiConfig(use_torch_autocast=True))
+        assert len(seen) == 1
+        losses[fused] = seen[0]
+    (own, own_dtype), (got, _) = losses[False], losses[True]
+    assert own_dtype == torch.bfloat16 and own.device.type == "hpu"  # the bridge's autocast did cast the head
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, own, rtol=2e-6, atol=0)
 
 
 # ---- portable artifacts -----------------------------------------------------------------------------------------

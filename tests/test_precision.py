@@ -81,6 +81,15 @@ def test_swapping_the_lists_swaps_the_dtypes():
         assert torch.softmax(x, -1).dtype == BF16
 
 
+def test_a_cast_op_in_a_list_applies_like_any_other():
+    # the kernel's own casts are `_to_copy` calls: with `_to_copy` listed they recursed without end
+    x = torch.randn(4, 8, dtype=torch.float64)
+    with OpListAutocast(["_to_copy", "mm"], []):
+        y = torch.randn(4, 8).to(torch.float64)  # through bf16, as the bridge casts a listed op's inputs
+        assert y.dtype == torch.float64 and torch.equal(y, y.to(BF16).to(torch.float64))
+        assert torch.mm(x.float(), x.float().T).dtype == BF16
+
+
 def test_layer_norm_in_the_bf16_list_casts_only_its_input_as_the_bridge_does():
     x = torch.randn(4, 8)
     weight = torch.randn(8)

@@ -6,7 +6,8 @@
 - ``sharded``: FSDP's ``torch.distributed.checkpoint`` folders (every rank's shards, resharded on load);
 - ``resume``: which checkpoint a run resumes from (``true``, a path, a job ``--max_restarts`` restarted);
 - ``output_dir``: an ``--output_dir`` that holds another run is refused, and one a failed run touched restored;
-- ``disk``: a full disk, told as one line.
+- ``disk``: a full disk, told as one line;
+- ``finite``: weights holding a NaN or inf are never published, and never resumed from with ``true``.
 
 What other modules, the examples and user scripts import is re-exported here.
 """
@@ -24,6 +25,7 @@ from .complete import (
     safetensors_shapes,
 )
 from .disk import MIN_FREE_BYTES, DiskFullError, disk_full, disk_full_is_user_error, free_bytes
+from .finite import FINITE_MARKER, first_nonfinite, saved_nonfinite
 from .fit import check_weights_fit, saved_weights
 from .output_dir import OutputDirGuard, check_output_dir, remove_previous_checkpoints
 from .publish import (
@@ -48,6 +50,7 @@ from .resume import (
 from .sharded import save_sharded_async
 
 __all__ = [
+    "FINITE_MARKER",
     "LAST_UNSAFE_WEIGHTS_ONLY_TORCH",
     "MANIFEST_NAME",
     "MIN_FREE_BYTES",
@@ -66,6 +69,7 @@ __all__ = [
     "checkpoint_step",
     "disk_full",
     "disk_full_is_user_error",
+    "first_nonfinite",
     "free_bytes",
     "latest_complete_checkpoint",
     "list_checkpoints",
@@ -78,6 +82,7 @@ __all__ = [
     "resume_arg",
     "rotate_checkpoints",
     "safetensors_shapes",
+    "saved_nonfinite",
     "save_sharded_async",
     "saved_weights",
     "staged_checkpoint",

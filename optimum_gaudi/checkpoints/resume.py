@@ -15,10 +15,12 @@ from .complete import (
     TRAINER_STATE_NAME,
     CheckpointError,
     checkpoint_problem,
+    checkpoint_step,
     latest_complete_checkpoint,
     list_checkpoints,
     model_saved_again,
 )
+from .finite import newest_finite
 from .fit import check_weights_fit
 from .publish import remove_staging_leftovers, rotate_checkpoints
 from .sharded import sharded_resume_problem
@@ -67,14 +69,14 @@ def resolve_resume(resume: str | bool | None, output_dir: str | os.PathLike) -> 
     resume = resume_arg(resume)
     restarts = restart_count()
     if restarts:
-        found = latest_complete_checkpoint(output_dir)
+        found = newest_finite_checkpoint(output_dir)
         if found is not None:
             logger.warning("Restart %d of this job: resuming from %s.", restarts, found)
             return str(found)
     if resume is None or resume is False:
         return None
     if resume is True:
-        found = latest_complete_checkpoint(output_dir)
+        found = newest_finite_checkpoint(output_dir)
         if found is None:
             holds = list_checkpoints(output_dir)
             what = f"only incomplete checkpoints ({', '.join(p.name for p in holds)})" if holds else "no checkpoint"
@@ -92,6 +94,20 @@ def resolve_resume(resume: str | bool | None, output_dir: str | os.PathLike) -> 
         )
     _say_model_saved_again(resume)
     return str(resume)
+
+
+def newest_finite_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint whose weights are finite; newer ones holding a NaN or inf (an older run's:
+    this one never publishes them) are skipped with one warning."""
+    newest = latest_complete_checkpoint(output_dir)
+    if newest is None:
+        return None
+    older = [p for p in reversed(list_checkpoints(output_dir)) if checkpoint_step(p) < checkpoint_step(newest)]
+    found, skipped = newest_finite([newest, *(p for p in older if checkpoint_problem(p) is None)])
+    if skipped:
+        where = f"resuming from {found.name}" if found is not None else "no older complete checkpoint is finite"
+        logger.warning("Skipping %s; %s.", "; ".join(skipped), where)
+    return found
 
 
 def check_sharded_resume(checkpoint: str | os.PathLike, fsdp_plugin: Any) -> None:

@@ -100,16 +100,16 @@ def _cast_kernel(op: torch._ops.OpOverload, dtype: torch.dtype, exclude: Any, fi
     what those kernels compute: the bf16-rounded input normalized in the weights' dtype, returned in bf16."""
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        if first_only and args:
-            args = (_cast(args[0], dtype), *args[1:])
-            wider = _wider_operands(args[1:] + tuple(kwargs.values()), dtype)
-            if wider is not None:
-                with torch._C._ExcludeDispatchKeyGuard(exclude):
-                    return _cast(op(args[0].to(wider), *args[1:], **kwargs), dtype)
-        else:
-            args = _cast(args, dtype)
-            kwargs = {k: _cast(v, dtype) for k, v in kwargs.items()}
+        # the casts too run below autocast: they are `_to_copy` calls, which a list may name (no recursion)
         with torch._C._ExcludeDispatchKeyGuard(exclude):
+            if first_only and args:
+                args = (_cast(args[0], dtype), *args[1:])
+                wider = _wider_operands(args[1:] + tuple(kwargs.values()), dtype)
+                if wider is not None:
+                    return _cast(op(args[0].to(wider), *args[1:], **kwargs), dtype)
+            else:
+                args = _cast(args, dtype)
+                kwargs = {k: _cast(v, dtype) for k, v in kwargs.items()}
             return op(*args, **kwargs)
 
     return kernel

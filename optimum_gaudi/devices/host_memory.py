@@ -25,7 +25,13 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 
 KEPT_BELOW = 1 << 30  # blocks below 1 GiB stay in the heap during a loop
-RETURNED_FROM = 1 << 20  # in a sharded run's loop, blocks from 1 MiB up go back to the OS when freed
+# In a sharded run's loop, blocks from 8 MiB up go back to the OS when freed (and the heap's top is trimmed once 8 MiB
+# are free there). `BENCH_SECTIONS=fsdp_cpu_time make bench` measured 1-32 MiB against a hand-written FSDP2 loop (56.6M
+# Llama, 2 processes, docs/benchmarks.md): 1 MiB took 1.53x its CPU time a step at 0.58x its peak memory (677k page
+# faults a step: memory given back and faulted in again), 8 MiB 1.11x at 0.68x, 32 MiB and glibc's own thresholds
+# 0.90x at 0.92-0.98x. 8 MiB is the largest that keeps the memory FSDP is for (target <= 0.75x) at about the loop's
+# CPU time (target <= 1.1x).
+RETURNED_FROM = 8 << 20
 # glibc's dynamic thresholds once the process has freed a block of its largest mmap size (32 MiB on
 # 64-bit): where a training process ends up anyway, so code after the loop runs as it would have
 AFTER_LOOP = {M_MMAP_THRESHOLD: 32 << 20, M_TRIM_THRESHOLD: 64 << 20}
@@ -51,7 +57,7 @@ def freed_memory_kept(returned: bool = False) -> Iterator[bool]:
     """Within: freed blocks below ``KEPT_BELOW`` stay in the process. Yields whether that holds here.
 
     ``returned``: the opposite, for a run whose point is memory (sharded over ranks): every block from
-    ``RETURNED_FROM`` up is its own mapping, given back when freed, and the heap's top is trimmed as soon as
+    ``RETURNED_FROM`` (8 MiB) up is its own mapping, given back when freed, and the heap's top is trimmed as soon as
     that much is free, so blocks of many sizes (FSDP's gathered layers) never fragment a heap that keeps them.
     Process-wide, as the allocator is; nested loops (an evaluation inside training) keep the outer
     loop's settings until the outer loop ends.

@@ -32,6 +32,7 @@ from .launch_plan import (
     resolve,
 )
 from .torchrun import REPORT_ENV
+from .watchdog import STALL_EXIT_CODE, STALL_LINE_ENV, enable_flight_recorder
 
 STOP_MARGIN_SECONDS = 15.0  # after passing on SIGINT/SIGTERM we wait the ranks' grace period and this, then kill
 MASTER_WATCH_INTERVAL = 5.0  # seconds between two checks that node 0's rendezvous store still answers
@@ -303,6 +304,19 @@ def run(plan: LaunchPlan, command: Sequence[str], env: Mapping[str, str] | None 
         return EXIT_USER_ERROR
     if returncode != 0:
         report = _read_report((env or {}).get(REPORT_ENV))
+        if report and report.get("preempted"):
+            print(
+                "error: every rank stopped on SIGTERM after writing its checkpoint; resume with "
+                "--resume_from_checkpoint true",
+                file=sys.stderr,
+                flush=True,
+            )
+            return returncode
+        stall = _read_user_error((env or {}).get(STALL_LINE_ENV))  # the progress watchdog's line, if it fired
+        if stall is not None and (report is None or report.get("exitcode") == STALL_EXIT_CODE):
+            restarts = f" (after {plan.max_restarts} restart(s))" if plan.max_restarts else ""
+            print(f"error: {stall}{restarts}", file=sys.stderr, flush=True)
+            return returncode
         print(f"error: {describe_failure(plan, job.output_tail, returncode, report)}", file=sys.stderr, flush=True)
         return returncode if returncode > 0 else 128 - returncode
     return 0
@@ -341,6 +355,8 @@ def launch(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="optimum-gaudi-launch-") as private:
         env = {**os.environ, **bridge_env, REPORT_ENV: os.path.join(private, "failure.json")}
         env[LAUNCH_USER_ERROR_ENV] = os.path.join(private, "user_error.txt")
+        env[STALL_LINE_ENV] = os.path.join(private, "stall.txt")  # the progress watchdog's line (watchdog.py)
+        enable_flight_recorder(env)  # its report names the collective each rank waits in
         if plan.backend == "torchrun":  # how long torchrun waits for its ranks after a stop signal
             env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(plan.grace_period)
             if plan.nproc_per_node > 1:  # what torchrun sets for each rank, without its four-line banner

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import UserError
+from .host_group import new_group
 
 ATTENTION_NAME = "gaudi_sequence_parallel"
 # The kernels that take a whole sequence's heads and a transformers mask (or None for causal).
@@ -197,7 +198,7 @@ class SequenceParallel:
         self.size, self.groups, self.group_index = size, world // size, rank // size
         self.group = None
         for index in range(self.groups):  # every rank makes every group, in the same order
-            group = dist.new_group(list(range(index * size, (index + 1) * size)))
+            group = new_group(list(range(index * size, (index + 1) * size)))  # with the run's --ddp_timeout
             if index == self.group_index:
                 self.group = group
 

@@ -5,7 +5,9 @@ The same program as ``python -m torch.distributed.run``, except how it ends. Whe
 stopped by a signal it raises ``SignalException``. Here neither is printed: the first failure goes, as JSON, to
 the file named by ``OPTIMUM_GAUDI_LAUNCH_REPORT`` and the launcher ends the job with one line naming the rank.
 When a rank ended on a user error (it left its line for the launcher, errors.py), torchrun's lines about the
-failed rank and stopping the others are left out too: the launcher prints that one line.
+failed rank and stopping the others are left out too: the launcher prints that one line. When the ranks were
+preempted (each got SIGTERM, wrote its checkpoint and exited 143, trainers/preemption.py) the job exits 143 too:
+a scheduler reads that as a preemption, where 1 reads as a failure.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 
 from ..errors import LAUNCH_USER_ERROR_ENV
 
 REPORT_ENV = "OPTIMUM_GAUDI_LAUNCH_REPORT"
+PREEMPTED = 128 + signal.SIGTERM  # a rank's exit code after SIGTERM and its checkpoint (trainers/preemption.py)
 _WORKER_LOGGER = "torch.distributed.elastic.multiprocessing.api"  # "failed (exitcode: ...)", "Sending process ..."
 
 
@@ -45,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torchrun_main(sys.argv[1:] if argv is None else argv)
     except ChildFailedError as e:
+        if e.failures and all(failure.exitcode == PREEMPTED for failure in e.failures.values()):
+            _report({"preempted": True})
+            return PREEMPTED
         rank, failure = e.get_first_failure()
         _report({"rank": rank, "local_rank": failure.local_rank, "exitcode": failure.exitcode})
         return 1

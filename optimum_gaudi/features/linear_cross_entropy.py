@@ -12,13 +12,20 @@ or scaling included, of one token a row, used to check the head once), and the m
 hook computes the loss from the hidden states, with ``ForCausalLMLoss``'s semantics (shifted labels or
 ``shift_labels``, ``ignore_index``, ``num_items_in_batch``). The same code runs on HPU, CUDA and CPU and
 compiles without graph breaks.
+
+The loss runs with autocast off: its matmuls in the dtype the output layer computes in under the caller's
+autocast, everything else in float32, whatever an op list names. With ``--torch_compile`` the per-chunk
+log-sum-exp and logit gradient (several passes over a chunk's logits when eager) is compiled with the model's
+backend, one graph per chunk shape; the matmuls stay outside it and write in place, so the weight's gradient
+is one float32 buffer however many chunks add to it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -54,12 +61,81 @@ _HEAD_CONFIG_KEYS = {
 _HEAD_CHECK_TOLERANCE = 0.02
 
 
+def _eager_chunk(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, grads: bool) -> torch.Tensor:
+    """The summed cross-entropy of one chunk of float32 logits; with ``grads``, the logits are replaced by the
+    gradient of that sum with respect to them (softmax minus the one-hot target, 0 on ignored rows). Eager: each
+    step in place, so that no [chunk, vocabulary] temporary is made."""
+    kept = target != ignore_index
+    target = target.masked_fill(~kept, 0)
+    picked = logits.gather(1, target[:, None]).squeeze(1)
+    top = logits.amax(1, keepdim=True)
+    sums = logits.sub_(top).exp_().sum(1)  # the logits' exponentials, in place
+    total = torch.where(kept, sums.log() + top.squeeze(1) - picked, 0.0).sum()
+    if grads:
+        # softmax, and 0 on ignored rows: their exponentials divided by infinity (no pass of its own)
+        logits.div_(sums.masked_fill(~kept, float("inf"))[:, None])
+        logits.scatter_add_(1, target[:, None], -kept[:, None].to(logits.dtype))
+    return total
+
+
+def _fused_chunk(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, grads: bool) -> torch.Tensor:
+    """:func:`_eager_chunk` for a compiler, on logits of the head's dtype (float32 inside): written as one
+    reduction (the log-sum-exp) and one elementwise pass that a compiler fuses, the gradient stored into the
+    logits in their dtype."""
+    kept = target != ignore_index
+    target = target.masked_fill(~kept, 0)
+    x = logits.float()
+    lse = torch.logsumexp(x, 1)
+    total = torch.where(kept, lse - x.gather(1, target[:, None]).squeeze(1), 0.0).sum()
+    if grads:
+        hot = torch.arange(x.shape[1], device=x.device)[None, :] == target[:, None]
+        grad = torch.where(kept[:, None], (x - lse[:, None]).exp() - hot.to(x.dtype), 0.0)
+        logits.copy_(grad)
+    return total
+
+
+# Devices whose kernels add a bf16 product into a float32 matrix in place (addmm with out_dtype): by device type
+_MIXED_ADDMM: dict[str, bool] = {}
+
+
+def _note_mixed_addmm(device: torch.device) -> None:
+    """Whether this device's addmm accumulates a low-precision product into float32 in place, tried once on a
+    small matrix where the device registers the kernel (torch's CUDA; not its CPU)."""
+    if device.type in _MIXED_ADDMM:
+        return
+    works = False
+    key = torch._C._dispatch_key_for_device(device.type)
+    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::addmm.dtype_out", key):
+        a, b = (torch.randn(16, 16, device=device, dtype=torch.bfloat16) for _ in range(2))
+        c = torch.ones(16, 16, device=device)
+        try:
+            torch.addmm(c, a, b, out_dtype=torch.float32, out=c)
+            works = bool(torch.allclose(c, 1 + a.float() @ b.float(), rtol=1e-2, atol=1e-2))
+        except (RuntimeError, TypeError, NotImplementedError):
+            works = False
+    _MIXED_ADDMM[device.type] = works
+
+
+def _accumulate(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """total += a @ b, in place: no [vocabulary, hidden] temporary where the dtypes agree or the device's addmm
+    writes a low-precision product into float32 (a chunk's temporary otherwise)."""
+    if a.dtype == total.dtype:
+        total.addmm_(a, b)
+    elif _MIXED_ADDMM.get(total.device.type, False):
+        torch.addmm(total, a, b, out_dtype=total.dtype, out=total)
+    else:
+        total += a @ b
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
-    """Sum over the tokens of cross-entropy(hidden @ weight.T + bias, targets); gradients made in the forward."""
+    """Sum over the tokens of cross-entropy(hidden @ weight.T + bias, targets); gradients made in the forward.
+
+    ``step`` is the per-chunk loss and logit gradient: :func:`_eager_chunk` on a float32 buffer, or a compiled
+    :func:`_fused_chunk` on a buffer of the head's dtype. The matmuls stay outside it, in place, so the weight's
+    gradient is accumulated without a temporary and a compiled step is one graph per chunk shape."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, ignore_index, chunk, grad_hidden, grad_weight):
-        compute = F.linear(hidden[:1], weight).dtype  # what autocast (if any) makes of the output layer
+    def forward(ctx, hidden, weight, bias, targets, ignore_index, chunk, grad_hidden, grad_weight, compute, step):
         h, w, b = hidden.to(compute), weight.to(compute), None if bias is None else bias.to(compute)
         total = hidden.new_zeros((), dtype=torch.float32)
         gh = torch.empty_like(hidden) if grad_hidden else None
@@ -69,38 +145,29 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if grad_weight and bias is not None
             else None
         )
-        # fp32 logits go into one buffer: a new block per chunk would grow a host's heap (blocks are kept there)
-        buffer = hidden.new_empty((min(chunk, hidden.shape[0]), weight.shape[0]), dtype=torch.float32)
+        grads = gh is not None or gw is not None
+        # logits go into one buffer: a new block per chunk would grow a host's heap (blocks are kept there)
+        dtype = torch.float32 if step is None else compute
+        buffer = hidden.new_empty((min(chunk, hidden.shape[0]), weight.shape[0]), dtype=dtype)
         for start in range(0, hidden.shape[0], chunk):
             rows = slice(start, start + chunk)
             logits = buffer[: h[rows].shape[0]]
-            if compute != torch.float32:
+            if dtype != compute:
                 logits.copy_(F.linear(h[rows], w, b))
             elif b is None:
                 torch.mm(h[rows], w.t(), out=logits)
             else:
                 torch.addmm(b, h[rows], w.t(), out=logits)
-            target = targets[rows]
-            kept = target != ignore_index
-            target = target.masked_fill(~kept, 0)
-            picked = logits.gather(1, target[:, None]).squeeze(1)
-            top = logits.amax(1, keepdim=True)
-            sums = logits.sub_(top).exp_().sum(1)  # the logits' exponentials, in place
-            total = total + ((sums.log() + top.squeeze(1) - picked) * kept).sum()
-            if gh is None and gw is None:
+            total = total + (step or _eager_chunk)(logits, targets[rows], ignore_index, grads)
+            if not grads:
                 continue
-            # softmax, and 0 on ignored rows: their exponentials divided by infinity (no pass of its own)
-            grad = logits.div_(sums.masked_fill(~kept, float("inf"))[:, None])
-            grad.scatter_add_(1, target[:, None], -kept[:, None].to(grad.dtype))
-            grad = grad.to(compute)
+            grad = logits.to(compute)  # the logits' gradient
             if gh is not None:
                 gh[rows] = grad @ w
-            if gw is not None and compute == gw.dtype:
-                gw.addmm_(grad.t(), h[rows])  # in place: no [vocabulary, hidden] temporary per chunk
-            elif gw is not None:
-                gw += grad.t() @ h[rows]
+            if gw is not None:
+                _accumulate(gw, grad.t(), h[rows])
             if gb is not None:
-                gb += grad.sum(0)
+                gb += logits.sum(0, dtype=torch.float32)
         ctx.save_for_backward(gh, gw, gb)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         return total
@@ -114,7 +181,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             None if gh is None else gh.mul_(grad_total.to(gh.dtype)),
             None if gw is None else gw.mul_(grad_total).to(weight_dtype),
             None if gb is None else gb.mul_(grad_total).to(bias_dtype),
-            *(None,) * 5,
+            *(None,) * 7,
         )
 
 
@@ -127,25 +194,47 @@ def linear_cross_entropy(
     ignore_index: int = -100,
     shift_labels: torch.Tensor | None = None,
     chunk_tokens: int | None = None,
+    compiled_chunk: Callable | None = None,
 ) -> torch.Tensor:
     """transformers' ``ForCausalLMLoss(F.linear(hidden, weight, bias), labels, ...)``, never holding the logits:
     labels shifted by one (or ``shift_labels`` as given), ``ignore_index`` left out, the sum divided by
-    ``num_items_in_batch`` when given, else the mean over the tokens kept."""
+    ``num_items_in_batch`` when given, else the mean over the tokens kept. ``compiled_chunk`` (from
+    :func:`compiled_chunk`) computes each chunk's loss and logit gradient compiled; eager without it."""
     if shift_labels is None:
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     targets = shift_labels.reshape(-1).to(hidden.device)
     hidden = hidden.reshape(-1, hidden.shape[-1])
     grads = torch.is_grad_enabled()
     chunk = chunk_tokens or max(1, CHUNK_ELEMENTS // weight.shape[0])
-    total = _LinearCrossEntropy.apply(
-        hidden, weight, bias, targets, ignore_index, chunk, grads and hidden.requires_grad,
-        grads and (weight.requires_grad or (bias is not None and bias.requires_grad)),
-    )  # fmt: skip
-    if num_items_in_batch is None:
-        return total / (targets != ignore_index).sum()
-    if torch.is_tensor(num_items_in_batch):
-        num_items_in_batch = num_items_in_batch.to(total.device)
-    return total / num_items_in_batch
+    compute = F.linear(hidden[:1], weight).dtype  # what autocast (if any) makes of the output layer
+    if not torch.compiler.is_compiling():
+        _note_mixed_addmm(weight.device)
+    with _autocast_off(hidden.device.type):
+        total = _LinearCrossEntropy.apply(
+            hidden, weight, bias, targets, ignore_index, chunk, grads and hidden.requires_grad,
+            grads and (weight.requires_grad or (bias is not None and bias.requires_grad)), compute, compiled_chunk,
+        )  # fmt: skip
+        if num_items_in_batch is None:
+            return total / (targets != ignore_index).sum()
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
+
+
+@functools.cache
+def compiled_chunk(**compile_kwargs: Any) -> Callable:
+    """The chunk step compiled with these ``torch.compile`` arguments (once per set of them): one graph per chunk
+    shape, the full chunks' and the last one's (a model compiled whole inlines it into its own graph)."""
+    return torch.compile(_fused_chunk, **compile_kwargs)
+
+
+def _autocast_off(device_type: str) -> contextlib.AbstractContextManager:
+    """Autocast off around the loss: its matmuls run in the dtype the output layer computes in under the caller's
+    autocast (cast explicitly), everything else in float32 whatever an op list names. Habana's default lists put
+    ``mul`` in bf16 (hpu_ops/autocast_helpers.h), which made the per-token sum bf16."""
+    if not torch.amp.is_autocast_available(device_type):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, enabled=False)
 
 
 def _head_problem(model: nn.Module) -> str | None:
@@ -180,6 +269,7 @@ class FusedLinearCrossEntropy:
         self.hidden: torch.Tensor | None = None
         self.probe: tuple[torch.Tensor, torch.Tensor] | None = None  # (the model's last logits, their hidden)
         self.checked = False
+        self.compiled_chunk: Callable | None = None  # the chunk step, compiled (see compile_with); None: eager
         self.head.register_forward_pre_hook(self._take_hidden)
         model.loss_function = self._loss
 
@@ -196,6 +286,12 @@ class FusedLinearCrossEntropy:
             model.__dict__["_gaudi_fused_linear_cross_entropy"] = cls(model) if problem is None else None
         return model.__dict__["_gaudi_fused_linear_cross_entropy"]
 
+    def compile_with(self, compile_kwargs: dict[str, Any]) -> None:
+        """Compile the loss's chunk step with the model (``torch.compile`` arguments): under regional compilation
+        the loss runs beside the compiled blocks, its chunk step compiled; a model compiled whole traces it into
+        its own graph."""
+        self.compiled_chunk = compiled_chunk(**compile_kwargs)
+
     def _take_hidden(self, module: nn.Module, args: tuple) -> tuple | None:
         if not self.active:
             return None
@@ -209,7 +305,7 @@ class FusedLinearCrossEntropy:
         weight, bias = self._unsharded_head()
         self.probe = (logits.detach(), hidden[..., -1:, :].detach())
         known = {k: kwargs[k] for k in ("num_items_in_batch", "ignore_index", "shift_labels") if k in kwargs}
-        return linear_cross_entropy(hidden, weight, labels, bias, **known)
+        return linear_cross_entropy(hidden, weight, labels, bias, compiled_chunk=self.compiled_chunk, **known)
 
     def _unsharded_head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The output layer's weight and bias, whole. An output layer that is an FSDP2 unit of its own was

@@ -5,8 +5,11 @@ model, which saves its adapters) in their own dtype, plus the optimizer state ``
 weight (AdamW: two tensors of the weight's dtype). The scheduler, RNG, trainer state and tokenizer files are small
 and left out. Where even that bound does not fit in the free space of ``--output_dir`` (of its nearest existing
 parent), training is refused in one line; ``--save_total_limit`` does not change what one checkpoint needs.
-DeepSpeed and FSDP write sharded files of their own, each process a part, possibly on a disk of its own node:
-there the estimate is only a guess, so it is a warning.
+
+FSDP2's sharded checkpoints hold the same bytes, written by every rank, each its share: a node writes at least its
+ranks' share (all of it on one node), so each node's first rank checks its own disk, and every rank refuses
+together (a rank refusing alone would leave the others waiting in a collective). DeepSpeed and FSDP's other
+layouts write files of their own: there the estimate is only a guess, so it is a warning.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from transformers import TrainingArguments
 
 from ..checkpoints import free_bytes
@@ -77,20 +81,47 @@ def _mib(size: int) -> str:
 
 def check_room_for_a_checkpoint(trainer: Any) -> None:
     """Before step 1 of ``trainer.train()``: refuse (UserError) when one checkpoint cannot fit where the run saves,
-    or warn where the estimate is only a guess. Nothing happens without checkpoints or on a process that does not
-    save."""
+    or warn where the estimate is only a guess. Nothing happens without checkpoints."""
     args = trainer.args
-    if args.save_strategy == "no" or not args.should_save:
+    if args.save_strategy == "no":
         return
+    sharded = _sharded_fsdp_checkpoints(trainer)
+    checks = args.should_save or (sharded and args.local_process_index == 0)  # sharded: one rank per node
+    problem = _problem(trainer, sharded) if checks else None
+    if args.world_size > 1 and torch.distributed.is_initialized():
+        problem = _first_problem(problem)
+    if problem is not None:
+        raise UserError(problem)
+
+
+def _sharded_fsdp_checkpoints(trainer: Any) -> bool:
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None) if trainer.is_fsdp_enabled else None
+    return plugin is not None and "SHARDED_STATE_DICT" in str(getattr(plugin, "state_dict_type", ""))
+
+
+def _first_problem(problem: str | None) -> str | None:
+    """Every rank's verdict: the problem of the first rank that found one (a collective, before step 1)."""
+    from ..distributed.host_group import host_group
+
+    found = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(found, problem, group=host_group())
+    return next((p for p in found if p is not None), None)
+
+
+def _problem(trainer: Any, sharded: bool) -> str | None:
+    args = trainer.args
     free = free_bytes(args.output_dir)
     size = estimate_checkpoint_size(
         trainer.model,
         args,
         own_optimizer=trainer.optimizer is not None,
-        sharded=trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled,
+        sharded=trainer.is_deepspeed_enabled or (trainer.is_fsdp_enabled and not sharded),
     )
+    if sharded and args.world_size > 1:  # this node writes its ranks' share (all of it on one node)
+        share = min(1.0, _local_world_size(args) / args.world_size)
+        size = CheckpointSize(int(size.weights * share), int(size.optimizer * share))
     if size.total <= free:
-        return
+        return None
     if not size.trusted:
         logger.warning(
             "--output_dir %s has %s free; one checkpoint may need about %s (DeepSpeed and FSDP write sharded "
@@ -99,13 +130,23 @@ def check_room_for_a_checkpoint(trainer: Any) -> None:
             _mib(free),
             _mib(size.total),
         )
-        return
+        return None
     parts = f"weights {_mib(size.weights)}" + (f", optimizer state {_mib(size.optimizer)}" if size.optimizer else "")
     if size.optimizer and size.weights <= free:
         remedy = "free some space, choose another --output_dir, or add --save_only_model (weights only: no resuming)"
     else:
         remedy = "free some space or choose another --output_dir"
-    raise UserError(
-        f"--output_dir {args.output_dir}: one checkpoint needs at least {_mib(size.total)} ({parts}) and only "
-        f"{_mib(free)} is free there; {remedy}."
+    where = " (this node's share of the sharded checkpoint)" if sharded and args.world_size > 1 else ""
+    return (
+        f"--output_dir {args.output_dir}: one checkpoint needs at least {_mib(size.total)}{where} ({parts}) and "
+        f"only {_mib(free)} is free there; {remedy}."
     )
+
+
+def _local_world_size(args: TrainingArguments) -> int:
+    import os
+
+    try:
+        return max(int(os.environ.get("LOCAL_WORLD_SIZE", "")), 1)
+    except ValueError:
+        return args.world_size

@@ -1,10 +1,12 @@
 """Preemption: SIGTERM (Slurm, Kubernetes, ``optimum-gaudi launch`` passing it on) during ``train()`` finishes
 the optimizer step in flight, writes a complete checkpoint and ends the process with exit code 143.
 
-The handler only sets a flag; the step end acts on it. Under several processes the ranks first agree (an
-all-reduce of the flag at each step end, over gloo on the host, so no device sync), because a checkpoint is a
-collective: ranks that stopped at different steps would wait for each other forever. The orchestrator's grace
-period must cover one step and one checkpoint; the log says how long both took when the signal came.
+The handler only sets a flag; the step end acts on it. Under several processes the ranks first agree on the step
+to stop after (distributed/agreement.py: through the job's store, no collective on steps where nobody asked),
+because a checkpoint is a collective: ranks that stopped at different steps would wait for each other forever.
+When every rank got the signal they stop after the step in flight; when only some did, after the one that
+follows (their peers may have ended the step in flight already), so the orchestrator's grace period must cover
+that and one checkpoint; the log says how long a step and the last checkpoint took when the signal came.
 
 Two things would spend that grace period or waste the checkpoint: a launcher killed outright (SIGKILL) leaves
 its ranks writing into a pipe nobody reads, where every write fails (the checkpoint would fail at its first
@@ -27,10 +29,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import torch
 from transformers import TrainerCallback
 
-from ..distributed.host_group import host_group
+from ..distributed.agreement import StopAgreement, default_store
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class Preemption(TrainerCallback):
         self.requested = False  # set by the signal handler, on this rank only
         self.stopped = False  # every rank agreed to stop, and the checkpoint was asked for
         self.stop_step: int | None = None
-        self._group: Any = None  # the process group the ranks agree over (None: one process)
+        self._agreement: StopAgreement | None = None  # how the ranks agree (None: one process)
         self._step_started = 0.0
         self.step_seconds = 0.0
         self.save_seconds: float | None = None
@@ -73,7 +74,8 @@ class Preemption(TrainerCallback):
                 self.output.restore()
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._group = _agreement_group(args)
+        store = default_store() if args.world_size > 1 else None
+        self._agreement = StopAgreement(store, args.process_index, args.world_size) if store is not None else None
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._step_started = time.monotonic()
@@ -81,7 +83,7 @@ class Preemption(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         now = time.monotonic()
         self.step_seconds = now - self._step_started
-        if self._agreed():
+        if self._agreed(state.global_step):
             self.stopped, self.stop_step = True, state.global_step
             self.output.install()  # a rank that agreed to stop without the signal of its own
             logger.warning(
@@ -100,20 +102,14 @@ class Preemption(TrainerCallback):
             self.save_seconds = time.monotonic() - self._save_started
             self._save_started = None
 
-    def _agreed(self) -> bool:
+    def _agreed(self, step: int) -> bool:
         if self.stopped:
             return False
-        if self._group is None:
+        if self._agreement is None:
             return self.requested
-        flag = torch.tensor([1.0 if self.requested else 0.0])
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._group)
-        return bool(flag.item())
-
-
-def _agreement_group(args: Any) -> Any:
-    """The group to agree over: None for one process; otherwise the gloo group of every rank (every rank begins
-    training together, so every rank asks for it)."""
-    return host_group() if args.world_size > 1 else None
+        # the wait for the other ranks' word, where this one was asked: they end this step within about a step
+        wait = min(max(2 * self.step_seconds, 1.0), 10.0)
+        return self._agreement.step_end(step, self.requested, wait)
 
 
 class OutputThatCannotFail:

@@ -24,9 +24,11 @@ from transformers.trainer_pt_utils import find_batch_size
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..checkpoints import (
+    FINITE_MARKER,
     BackgroundWrites,
     check_sharded_resume,
     check_weights_fit,
+    first_nonfinite,
     remove_previous_checkpoints,
     resolve_resume,
     save_sharded_async,
@@ -51,7 +53,7 @@ from ..distributed.fsdp import (
     shard_where_accelerate_would_not,
     wrap_this_models_layers,
 )
-from ..distributed.host_group import host_group
+from ..distributed.host_group import host_group, set_group_timeout
 from ..distributed.sequence_parallel import SequenceParallel
 from ..features import attention, kernels
 from ..features import linear_cross_entropy as fused_loss
@@ -76,8 +78,11 @@ from ..features.unused_parameters import unused_parameters
 from .checkpoint_size import check_room_for_a_checkpoint
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .events import InternalCallbackHandler
+from .nonfinite import NonFiniteGuard
 from .preemption import Preemption, exit_after_checkpoint
+from .stragglers import Stragglers
 from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin, check_report_to
+from .watch import ProgressWatch, watchdog_wanted
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +188,7 @@ class GaudiTrainerMixin(TrainerShims):
                 "with the same keyword arguments."
             )
         self._move_removed_keywords(args, trainer_kwargs)
+        set_group_timeout(args.ddp_timeout)  # the groups made here wait as long as the default group
         check_trainer_hooks(type(self), GaudiTrainerMixin)
         if isinstance(gaudi_config, dict):
             gaudi_config = GaudiConfig.from_dict(gaudi_config)
@@ -212,6 +218,9 @@ class GaudiTrainerMixin(TrainerShims):
             self._fp8 = self.gaudi_device.fp8_plan(args.minimize_memory, self._compile is not None, recipe)
         self._sequence_parallel: SequenceParallel | None = None  # --context_parallel_size > 1, once distributed
         self._predicting = False  # inside prediction_step, whose batches are not split
+        self._guard: NonFiniteGuard | None = None  # during train(): non-finite steps stopped or skipped
+        self._watch: ProgressWatch | None = None  # during a multi-process train(): the progress watchdog
+        self._stragglers: Stragglers | None = None  # during a multi-process train(): each rank's step times
 
         super().__init__(*trainer_args, **trainer_kwargs)
 
@@ -472,11 +481,16 @@ class GaudiTrainerMixin(TrainerShims):
 
     def compute_loss_context_manager(self) -> contextlib.AbstractContextManager:
         parent = super().compute_loss_context_manager()  # any context manager a user's Trainer returns
-        if self._pipelining_mark_step is None or not self.model.training:
+        timed = self._stragglers is not None and self.model.training
+        if (self._pipelining_mark_step is None or not self.model.training) and not timed:
             return parent
         stack = contextlib.ExitStack()
+        if timed:  # the forward's time, for the straggler figures (trainers/stragglers.py)
+            began = time.monotonic()
+            stack.callback(lambda: self._stragglers.forward_seconds(time.monotonic() - began))
         stack.enter_context(parent)
-        stack.callback(self._pipelining_mark_step)  # when the forward pass is done, inside the parent's context
+        if self._pipelining_mark_step is not None and self.model.training:
+            stack.callback(self._pipelining_mark_step)  # when the forward pass is done, inside the parent's context
         return stack
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
@@ -516,6 +530,8 @@ class GaudiTrainerMixin(TrainerShims):
             self._grad_allreduce()  # before clipping, which then sees the averaged gradients
         for parameter in self._unused or ():
             parameter.grad = None  # as eager training leaves it: no weight decay, no moments on an unused parameter
+        if self._guard is not None:
+            self._guard.note_loss(loss)
         return loss
 
     def compute_loss(
@@ -527,6 +543,8 @@ class GaudiTrainerMixin(TrainerShims):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         inner = self.accelerator.unwrap_model(model, keep_torch_compile=False)
         fused = fused_loss.FusedLinearCrossEntropy.of(inner, strict=self.args.use_fused_linear_cross_entropy)
+        if fused is not None and self._compile is not None and fused.compiled_chunk is None:
+            fused.compile_with(self._compile.compile_kwargs())  # with the model: its chunk step compiled
         with fused.step() if fused is not None else contextlib.nullcontext():
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
@@ -644,6 +662,12 @@ class GaudiTrainerMixin(TrainerShims):
             self.optimizer_cls_and_kwargs = None
 
     def _clip_grad_norm(self, model: nn.Module):
+        norm = self._clip_with_the_device(model)
+        if self._guard is not None:
+            self._guard.note_grad_norm(norm)  # checked before the optimizer step (trainers/nonfinite.py)
+        return norm
+
+    def _clip_with_the_device(self, model: nn.Module):
         if not self.gaudi_config.use_fused_clip_norm or self.is_deepspeed_enabled or self.is_fsdp_enabled:
             return super()._clip_grad_norm(model)
         self.accelerator.unscale_gradients()
@@ -673,14 +697,24 @@ class GaudiTrainerMixin(TrainerShims):
             tidy_before_resuming(self.args.output_dir, self.args.save_total_limit, checkpoint)
         check_room_for_a_checkpoint(self)  # a disk too small for one checkpoint: one line before step 1
         preemption = Preemption()
-        self.add_callback(preemption)
+        self._guard = NonFiniteGuard(self)
+        several = self.args.world_size > 1 and torch.distributed.is_initialized()
+        self._watch = ProgressWatch() if several and watchdog_wanted(self.args) else None
+        self._stragglers = Stragglers(self.args.straggler_threshold) if several else None
+        installed = [c for c in (preemption, self._guard, self._watch, self._stragglers) if c is not None]
+        for callback in installed:  # in this order: the watchdog sees the save SIGTERM asks for
+            self.add_callback(callback)
         try:
             with self._loop_context(), preemption.installed():
                 check_op_lists(self.model, self._autocast)  # op lists mixing dtypes in one op: one line, before step 1
                 result = super().train(checkpoint, *args, **kwargs)
                 self._background_writes.wait()  # --async_save: a run stopped early publishes its last checkpoint
         finally:
-            self.remove_callback(preemption)
+            if self._watch is not None:
+                self._watch.stop()
+            for callback in installed:
+                self.remove_callback(callback)
+            self._guard = self._watch = self._stragglers = None
         if preemption.stopped:
             self._end_preempted_run(preemption)
         return result
@@ -715,8 +749,11 @@ class GaudiTrainerMixin(TrainerShims):
         run_dir = super()._get_output_dir(trial)
         writes = self._background_writes
         writes.wait()
+        if self._weights_not_finite(model):
+            return
         with (
             self._out_of_throughput(),
+            self._watch.paused("a save") if self._watch is not None else contextlib.nullcontext(),
             staged_checkpoint(run_dir, self.state, self.args, self.accelerator.wait_for_everyone, writes) as staging,
         ):
             self._staging_root = str(staging)
@@ -732,8 +769,31 @@ class GaudiTrainerMixin(TrainerShims):
             totals = getattr(self, "_run_totals", None)
             if self.args.should_save and totals is not None and saved.is_dir():
                 (saved / RUN_TOTALS_FILE).write_text(json.dumps(totals, indent=1), encoding="utf-8")
+            if self.args.should_save and saved.is_dir():
+                (saved / FINITE_MARKER).write_text('{"checked": true}', encoding="utf-8")  # checked above
         if self.state.global_step >= self.state.max_steps:
             writes.wait()
+
+    def _weights_not_finite(self, model: nn.Module) -> bool:
+        """A checkpoint whose weights hold a NaN or inf is not written: it would rotate out the last finite one, and
+        resuming would train on from garbage. Every rank checks its own weights; where they are sharded (FSDP,
+        DeepSpeed) the ranks agree (a save is collective, every rank is here); one line says which checkpoint was
+        left out."""
+        bad = first_nonfinite(self.accelerator.unwrap_model(model).named_parameters())
+        flag = torch.tensor([0.0 if bad is None else 1.0])
+        sharded = self.is_fsdp_enabled or self.is_deepspeed_enabled  # else every rank holds the same weights
+        if sharded and self.args.world_size > 1 and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=host_group())
+        if not flag.item():
+            return False
+        if bad is not None or self.is_world_process_zero():
+            logger.warning(
+                "%s-%d not written: the weights hold a NaN or inf (%s); the checkpoints already written are kept.",
+                PREFIX_CHECKPOINT_DIR,
+                self.state.global_step,
+                f"{bad}, rank {self.args.process_index}" if bad is not None else "on another rank",
+            )
+        return True
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         """--async_save: FSDP's model and optimizer shards as accelerate writes them, in the background; the
@@ -760,6 +820,10 @@ class GaudiTrainerMixin(TrainerShims):
             # each rank's own figures in its own log history (rank 0's are printed): under FSDP or DeepSpeed the
             # ranks hold different shares, and the largest is the one that runs out
             logs.update(self.gaudi_device.memory_stats())
+            if self._stragglers is not None:  # multi-process runs: a gather on every rank
+                logs.update(self._stragglers.log_keys(self.is_world_process_zero()))
+            if self._guard is not None:
+                logs.update(self._guard.log_keys())
             self._run_totals_snapshot(self.control, logged=True)
         with self._out_of_throughput():
             super().log(logs, start_time)

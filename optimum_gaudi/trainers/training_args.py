@@ -7,6 +7,7 @@ before a model is ever loaded.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -24,9 +25,12 @@ from ..devices import CPUDevice, Device, detect_device
 from ..devices.hpu import bridge_installed, prepare_bridge
 from ..distributed import sequence_parallel
 from ..distributed.fsdp import fsdp2_config, read_fsdp_config
+from ..distributed.host_group import honour_timeout
+from ..distributed.watchdog import enable_flight_recorder
 from ..errors import UserError
 from ..features import attention
 from ..features.compilation import apply_dynamo_options, check_compile_flags, compile_choice_problem
+from .nonfinite import ON_NONFINITE
 from .removed_args import RemovedTrainingArguments, apply_removed_arguments
 from .use_cache import UseCacheOffTheCommandLine
 
@@ -250,6 +254,43 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
         },
     )
 
+    hang_timeout: float | None = field(
+        default=None,
+        metadata={
+            "help": "Seconds a rank may make no progress before the job ends with every rank's stacks in "
+            "<output_dir>/hang-<time>/ (restarted with optimum-gaudi launch --max_restarts). Multi-process runs only; "
+            "default: 10x the slowest step, 2x the slowest save or evaluation, at least 60 s. The first step, saves, "
+            "evaluations and compilations never count. 0 turns it off."
+        },
+    )
+    on_nonfinite: str = field(
+        default="stop",
+        metadata={
+            "help": "A NaN or inf loss or gradient norm: 'stop' the run at once with one line (step, rank, which), "
+            "or 'skip' the step (optimizer, scheduler and gradient scaler untouched), at most --max_nonfinite_skips "
+            "times in a row. Checkpoints whose weights hold a NaN or inf are never written."
+        },
+    )
+    max_nonfinite_skips: int = field(
+        default=10, metadata={"help": "With --on_nonfinite skip: the steps that may be skipped in a row."}
+    )
+    loss_spike_factor: float = field(
+        default=0.0,
+        metadata={
+            "help": "Handle a loss above this many times the running median of the last --loss_spike_window "
+            "steps as --on_nonfinite says (0: off; one scalar all-reduce per step on several processes)."
+        },
+    )
+    loss_spike_window: int = field(default=100, metadata={"help": "Steps in --loss_spike_factor's running median."})
+    straggler_threshold: float = field(
+        default=0.2,
+        metadata={
+            "help": "Multi-process runs: name once a rank whose step time (outside backward) stays this fraction "
+            "above the median rank's for 3 logging steps (0: never). The slowest and fastest rank are logged at "
+            "each logging step either way."
+        },
+    )
+
     def __post_init__(self) -> None:
         apply_removed_arguments(self)  # transformers 4's arguments on optimum-habana command lines, first
         _paged_adamw_without_bitsandbytes(self)
@@ -284,6 +325,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
         if _launched_world_size() > 1:  # launched on several processes
             self.ddp_backend = self.ddp_backend or self.gaudi_device.ddp_backend
             self.gaudi_device.register_ddp_backend()
+            if self.hang_timeout != 0:
+                enable_flight_recorder()  # the watchdog's report names the collective each rank waits in
         if self.context_parallel_size > 1 and self.fsdp and self.gaudi_device.torch_context_parallel:
             self._use_torch_context_parallel()
         if self.torch_compile and self.torch_compile_backend is None:
@@ -305,6 +348,14 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
         self._sharded_checkpoints()
         if self.non_blocking_data_copy:
             self.accelerator_config.non_blocking = True
+
+    @functools.cached_property
+    def _setup_devices(self) -> torch.device:
+        """transformers' device setup (which makes the default process group), then --ddp_timeout given to that
+        group where transformers left it out (on the CPU)."""
+        device = super()._setup_devices
+        honour_timeout(self.ddp_timeout)
+        return device
 
     def gaudi_flags(self) -> dict[str, object]:
         """The Gaudi flags and their values, for the run's log."""
@@ -345,6 +396,7 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 fail(f"--{name} must be a whole number >= 0, got {value!r}.")
+        self._check_stall_flags(fail)
         if not isinstance(self.max_hpu_graphs, int) or self.max_hpu_graphs < 1:
             fail(f"--max_hpu_graphs must be >= 1 (default {DEFAULT_MAX_HPU_GRAPHS}), got {self.max_hpu_graphs!r}.")
         if self.distribution_strategy == "fast_ddp" and (self.deepspeed or self.fsdp):
@@ -416,6 +468,26 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
                 logger.warning("--%s is ignored while --profiling_steps and --profiling_steps_eval are 0.", flag)
         if self.profiling_warmup_steps_eval and not self.profiling_steps_eval:
             logger.warning("--profiling_warmup_steps_eval is ignored while --profiling_steps_eval is 0.")
+
+    def _check_stall_flags(self, fail) -> None:
+        if self.hang_timeout is not None and not self.hang_timeout >= 0:
+            fail(f"--hang_timeout must be >= 0 seconds (0 turns the watchdog off), got {self.hang_timeout}.")
+        if self.on_nonfinite not in ON_NONFINITE:
+            fail(f"--on_nonfinite must be one of {', '.join(ON_NONFINITE)}, got '{self.on_nonfinite}'.")
+        if self.on_nonfinite == "skip" and self.deepspeed:
+            fail(
+                "--on_nonfinite skip cannot be combined with --deepspeed: DeepSpeed's engine steps the optimizer "
+                "itself; use --on_nonfinite stop."
+            )
+        for name in ("max_nonfinite_skips", "loss_spike_window"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                fail(f"--{name} must be a whole number >= 1, got {value!r}.")
+        for name in ("loss_spike_factor", "straggler_threshold"):
+            if not getattr(self, name) >= 0:
+                fail(f"--{name} must be >= 0 (0: off), got {getattr(self, name)}.")
+        if 0 < self.loss_spike_factor <= 1:
+            fail(f"--loss_spike_factor {self.loss_spike_factor} would catch ordinary steps: give a factor > 1, or 0.")
 
     def _check_optimum_habana_flags(self) -> None:
         """optimum-habana's fields that cannot act here: an error when the run could not be what was asked, one

@@ -5,7 +5,9 @@
 At interpreter exit its teardown takes a minute (a stand-in for freeing a big model's objects), and an exit
 handler writes OUT_DIR/exit_handlers_ran.rankN (as integrations flush their logs in theirs).
 
-When training begins, rank 0 writes OUT_DIR/started. The SIGTERM handler GaudiTrainer installs is wrapped to
+When training begins, rank 0 writes OUT_DIR/started and each rank OUT_DIR/pid.rankN. Under several processes
+each rank writes OUT_DIR/host_collectives.rankN when training ends: the collectives on the host group from the end
+of the run's first step on (SIGTERM's agreement must cost none). The SIGTERM handler GaudiTrainer installs is wrapped to
 note the steps finished when the signal came (written to OUT_DIR/signal_step when training ends on it: GaudiTrainer
 then ends the process itself). A run that ends without a signal writes OUT_DIR/result.json from rank 0: its logged
 losses, and OUT_DIR/weights.safetensors.
@@ -27,13 +29,14 @@ import torch  # noqa: E402
 from transformers import HfArgumentParser, TrainerCallback  # noqa: E402
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments  # noqa: E402
+from optimum_gaudi.distributed.host_group import host_group  # noqa: E402
 
 
 class Watch(TrainerCallback):
     """Says when training began, and wraps the trainer's SIGTERM handler to note the step the signal hit."""
 
     def __init__(self, out: Path) -> None:
-        self.out, self.state, self.signal_step = out, None, None
+        self.out, self.state, self.signal_step, self.host_collectives = out, None, None, None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.state = state
@@ -45,15 +48,23 @@ class Watch(TrainerCallback):
             handler(signum, frame)
 
         signal.signal(signal.SIGTERM, noting)
+        (self.out / f"pid.rank{args.process_index}").write_text(str(os.getpid()))
         if args.process_index == 0:
             (self.out / "started").write_text(str(os.getpid()))
 
     def on_step_end(self, args, state, control, **kwargs):
         time.sleep(0.01)  # a step of the tiny model takes ~5 ms: slow enough that a signal can land anywhere
+        if self.host_collectives is None and args.world_size > 1:  # the run's first step (resumed or not)
+            self.host_collectives = host_group()._get_sequence_number_for_group()
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.signal_step is not None and args.process_index == 0:
-            (self.out / "signal_step").write_text(str(self.signal_step))
+        if args.world_size > 1:
+            done = host_group()._get_sequence_number_for_group() - self.host_collectives
+            (self.out / f"host_collectives.rank{args.process_index}").write_text(str(done))
+        if self.signal_step is not None:
+            (self.out / f"signal_step.rank{args.process_index}").write_text(str(self.signal_step))
+            if args.process_index == 0:
+                (self.out / "signal_step").write_text(str(self.signal_step))
 
 
 class SlowTeardown:

@@ -9,6 +9,8 @@ ends the processes with 143, and the agent restarts the job. The second attempt 
 killed (SIGKILL) in its next save, once the model's shards are written and before its optimizer shard is. The
 third attempt resumes again, from the newest complete checkpoint, and trains to the end.
 MODE ``resume``: the run of --output_dir resumes (--resume_from_checkpoint), on whatever number of processes.
+MODE ``room=BYTES``: every file system has BYTES free; the script runs as the examples do (one line for a user
+error, exit status 2).
 
 Rank 0 writes OUT_DIR/<name>.json (logged losses, where it resumed from, the world size) and
 OUT_DIR/<name>.safetensors (the full weights, gathered from the shards) for name = whole, resumed (MODE job)
@@ -17,6 +19,7 @@ or resized (MODE resume).
 
 import json
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -32,6 +35,7 @@ from transformers import HfArgumentParser, TrainerCallback  # noqa: E402
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments  # noqa: E402
 from optimum_gaudi.checkpoints import restart_count  # noqa: E402
+from optimum_gaudi.errors import call_main  # noqa: E402
 
 
 class SigtermAt(TrainerCallback):
@@ -93,6 +97,12 @@ def main() -> None:
     torch.set_num_threads(1)
     if mode == "resume":
         train(out, "resized", args)
+    elif mode.startswith("room="):
+        free = int(mode.removeprefix("room="))
+        shutil.disk_usage = lambda path: shutil._ntuple_diskusage(10**12, 10**12 - free, free)
+        code = call_main(lambda argv: train(out, "room", args))
+        sys.stderr.flush()
+        os._exit(code)
     elif restart_count() == 0:
         whole = HfArgumentParser(GaudiTrainingArguments).parse_args_into_dataclasses(
             [*argv, "--output_dir", str(out / "whole"), "--save_strategy", "no"]

@@ -1,0 +1,123 @@
+"""A run for benchmarks/stalls.py, under ``optimum-gaudi launch``.
+
+    stall_worker.py OUT_DIR MODE [GaudiTrainingArguments flags...]
+
+MODE ``stop``, ``loop`` or ``collective``: a tiny GPT-2 whose steps take about 1 s (a 1 s pause per step stands
+in for compute; this CPU is shared). Rank 0 appends each step's end to OUT_DIR/steps.jsonl (attempt, step,
+time) and each attempt's train begin to OUT_DIR/begins.jsonl; rank 1 writes its pid to OUT_DIR/pid.rank1. In the
+first attempt, at step STALL_STEP (7), rank 1 spins in an endless loop (``loop``) or waits in an all-reduce rank 0
+never joins (``collective``), after writing the time to OUT_DIR/stalled; for ``stop`` the benchmark sends it
+SIGSTOP. MODE ``speed`` / ``speed-off``: no pause, no stall; rank 0 writes OUT_DIR/speed.json (seconds a step
+after warm-up); ``speed-off`` runs without the watchdog and the straggler figures. MODE ``agreement``: no
+training; each rank times the per-step cost of SIGTERM's agreement, then and now, into OUT_DIR/agreement.rankN.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tiny.py
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from transformers import HfArgumentParser, TrainerCallback  # noqa: E402
+
+STALL_STEP = 7
+
+
+class Record(TrainerCallback):
+    def __init__(self, out: Path, mode: str, restart: int) -> None:
+        self.out, self.mode, self.restart = out, mode, restart
+        self.never_joined = None
+        self.began: float | None = None
+        self.times: list[float] = []
+
+    def _append(self, name: str, record: dict) -> None:
+        with open(self.out / name, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.never_joined = dist.new_group(backend="gloo")
+        if args.process_index == 0:
+            self._append("begins.jsonl", {"attempt": self.restart, "time": time.time()})
+        if args.process_index == 1:
+            (self.out / "pid.rank1").write_text(str(os.getpid()))
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if not self.mode.startswith("speed"):
+            time.sleep(1.0)
+        self.began = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.times.append(time.perf_counter() - self.began)
+        if args.process_index == 0:
+            self._append("steps.jsonl", {"attempt": self.restart, "step": state.global_step, "time": time.time()})
+        if self.restart or state.global_step != STALL_STEP or args.process_index != 1:
+            return
+        if self.mode == "loop":
+            (self.out / "stalled").write_text(str(time.time()))
+            while True:
+                pass
+        if self.mode == "collective":
+            (self.out / "stalled").write_text(str(time.time()))
+            dist.all_reduce(torch.ones(1), group=self.never_joined)
+
+
+def agreement(out: Path, repeats: int = 300) -> None:
+    """Per step, what each rank paid to agree on SIGTERM: before, an all-reduce over a gloo group of every rank;
+    now, one look at the job's store (distributed/agreement.py)."""
+    dist.init_process_group("gloo")
+    group = dist.new_group(backend="gloo")
+    store = dist.distributed_c10d._get_default_store()
+    flag = torch.zeros(1)
+    for _ in range(20):  # warm both paths up
+        dist.all_reduce(flag, group=group)
+        store.check(["optimum_gaudi/stop/bench"])
+    dist.barrier()
+    began = time.perf_counter()
+    for _ in range(repeats):
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    all_reduce = (time.perf_counter() - began) / repeats
+    dist.barrier()
+    began = time.perf_counter()
+    for _ in range(repeats):
+        store.check(["optimum_gaudi/stop/bench"])
+    check = (time.perf_counter() - began) / repeats
+    result = {"all_reduce_us": all_reduce * 1e6, "store_check_us": check * 1e6}
+    (out / f"agreement.rank{dist.get_rank()}").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    out, mode, argv = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    if mode == "agreement":
+        agreement(out)
+        os._exit(0)
+    import tiny
+
+    import optimum_gaudi.trainers.trainer as trainer_module
+    from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
+
+    if mode == "speed-off":  # the same run without the watchdog and the straggler figures
+        trainer_module.watchdog_wanted = lambda args: False
+        trainer_module.Stragglers = lambda threshold: None
+    (args,) = HfArgumentParser(GaudiTrainingArguments).parse_args_into_dataclasses(argv)
+    torch.set_num_threads(1)
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    record = Record(out, mode, restart)
+    model = tiny.gpt2(**tiny.NO_DROPOUT, n_layer=4, n_embd=128)
+    trainer = GaudiTrainer(model=model, args=args, train_dataset=tiny.lm_data(512), callbacks=[record])
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    if mode.startswith("speed") and args.process_index == 0:
+        steady = sorted(record.times[10:])
+        (out / "speed.json").write_text(json.dumps({"median_step_s": steady[len(steady) // 2]}))
+    tiny.leave_process()
+
+
+if __name__ == "__main__":
+    main()

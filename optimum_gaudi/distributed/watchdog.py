@@ -1,0 +1,460 @@
+"""A progress watchdog for multi-process training: a rank that stops making progress ends the job within a set
+time, with a report of where every rank was, instead of holding every card for the process group's timeout.
+
+Each rank runs one thread. The training loop marks progress (a step began, a step ended) and pauses the watch
+for what may take long without being a stall (the first step's compilation, a save, an evaluation). The thread
+publishes a heartbeat in the job's rendezvous store every tick: a counter (the process is alive), the progress
+mark, the number of collectives this rank issued on the default group, whether it is paused, and its pid and
+host. When its own rank has made no progress for the limit, and no rank is paused, it names the rank(s) that
+stopped progressing from the heartbeats:
+
+- ranks whose heartbeat stopped (a process stopped by SIGSTOP or a debugger, or frozen in native code);
+- else the ranks furthest behind (an endless loop, a collective the others never join: the others went on to
+  the next collective and wait there);
+- else every rank (none can be told apart).
+
+The first rank to decide writes the verdict into the store (compare-and-set); every rank then writes the Python
+stacks of all its threads and the collective it waits in (torch's flight recorder, else the innermost
+torch.distributed frame of its main thread) to ``<output_dir>/hang-<time>/rank<N>.txt`` and exits with
+:data:`STALL_EXIT_CODE`. torchrun's elastic agent sees failed ranks: it stops the job, or with ``--max_restarts``
+restarts it, and the restarted job resumes from the newest complete checkpoint. A stopped rank on the same host
+is continued (SIGCONT) so that it writes its own stacks; the agent kills whatever is left.
+
+Store calls go through a thread of their own with a time limit: the store's own timeout does not cover a server
+that stopped answering (the process holding it was stopped), and the watchdog must still decide then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+STALL_EXIT_CODE = 124  # a rank that ended on a stall (as coreutils' timeout exits)
+STALL_LINE_ENV = "OPTIMUM_GAUDI_LAUNCH_STALL"  # optimum-gaudi launch: where the deciding rank leaves its line
+FLIGHT_RECORDER_ENV = "TORCH_FR_BUFFER_SIZE"  # torch's flight recorder: the collectives each group issued
+FLIGHT_RECORDER_ENTRIES = "2000"
+AUTO_FLOOR_SECONDS = 60.0  # the default limit never goes below this
+AUTO_STEP_FACTOR = 10.0  # ... nor below this many times the slowest step seen
+AUTO_PAUSE_FACTOR = 2.0  # ... nor below twice the slowest save or evaluation seen
+FINISHED = "the end of training"  # a rank's last heartbeat
+STORE_CALL_SECONDS = 10.0  # a store call taking longer: the process holding the store stopped answering
+
+
+def auto_limit(slowest_step: float, slowest_pause: float, floor: float = AUTO_FLOOR_SECONDS) -> float:
+    """The default limit, from the run's own times."""
+    return max(floor, AUTO_STEP_FACTOR * slowest_step, AUTO_PAUSE_FACTOR * slowest_pause)
+
+
+@dataclass
+class Beat:
+    """What a rank publishes each tick."""
+
+    beat: int  # counts ticks: a heartbeat that stops changing is a process that stopped running
+    progress: int  # 2 x step, + 1 inside a step
+    collectives: int  # issued on the default group so far
+    paused: str | None
+    pid: int
+    host: str
+
+
+class StoreGone(Exception):
+    """The job's store stopped answering, or the process holding it is gone."""
+
+
+class _Store:
+    """Store calls on a thread of their own, each given ``seconds``; once one hangs or fails, every later call
+    fails (raising :class:`StoreGone`)."""
+
+    def __init__(self, store: Any, seconds: float = STORE_CALL_SECONDS) -> None:
+        self._store, self._seconds = store, seconds
+        self._calls: queue.Queue = queue.Queue()
+        self.stuck = False
+        threading.Thread(target=self._serve, name="watchdog-store", daemon=True).start()
+
+    def close(self) -> None:
+        self._calls.put(None)
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            function, args, box, done = call
+            try:
+                box.append((True, getattr(self._store, function)(*args)))
+            except Exception as e:
+                box.append((False, e))
+            done.set()
+
+    def __call__(self, function: str, *args: Any) -> Any:
+        if self.stuck:
+            raise StoreGone
+        box: list = []
+        done = threading.Event()
+        self._calls.put((function, args, box, done))
+        if not done.wait(self._seconds) or not box[0][0]:  # hung, or failed (a lost connection)
+            self.stuck = True
+            raise StoreGone
+        return box[0][1]
+
+
+class Watchdog:
+    """One per ``train()`` on each rank of a multi-process run; ``limit`` None derives it from the run's times."""
+
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        world_size: int,
+        output_dir: str | os.PathLike,
+        limit: float | None = None,
+        name: str = "watchdog",
+        serial: int = 0,
+    ) -> None:
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self.rank, self.world_size, self.output_dir = rank, world_size, Path(output_dir)
+        self.fixed_limit = limit
+        self._prefix = f"optimum_gaudi/{name}/{restart}/{serial}"
+        self._store = _Store(store)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # written by the training loop (plain attribute writes: no lock, no I/O on its path)
+        self._progress = 0
+        self._last_progress = time.monotonic()
+        self._paused: str | None = "the first step"  # its compilation never counts as a stall
+        self._step_began: float | None = None
+        self._pause_began: float | None = None
+        self._armed = False  # after the first step
+        self.slowest_step = 0.0
+        self.slowest_pause = 0.0
+        # the thread's own
+        self._beat = 0
+        self._seen: dict[int, tuple[int, float]] = {}  # rank -> (its beat counter, when it last changed)
+        self._last_paused: dict[int, str | None] = {}
+        self._host = socket.gethostname()
+
+    # ---- the training loop's side ---------------------------------------------------------------------------
+
+    @property
+    def limit(self) -> float:
+        if self.fixed_limit is not None:
+            return self.fixed_limit
+        return auto_limit(self.slowest_step, self.slowest_pause)
+
+    def step_begin(self, step: int) -> None:
+        now = time.monotonic()
+        self._end_pause(now)
+        self._step_began = now
+        self._progress, self._last_progress = 2 * step - 1, now
+
+    def step_end(self, step: int) -> None:
+        now = time.monotonic()
+        if self._step_began is not None:
+            if self._armed:
+                self.slowest_step = max(self.slowest_step, now - self._step_began)
+            elif self._paused == "the first step":
+                self._paused = None
+            self._armed = True
+        self._step_began = None
+        self._progress, self._last_progress = 2 * step, now
+
+    def pause(self, what: str) -> None:
+        """Until the next step begins (or :meth:`resume`): ``what`` may take long without being a stall."""
+        if self._paused is None:
+            self._paused, self._pause_began = what, time.monotonic()
+
+    def resume(self) -> None:
+        self._end_pause(time.monotonic())
+
+    @contextlib.contextmanager
+    def paused(self, what: str) -> Iterator[None]:
+        if self._paused is not None:  # inside a longer pause already
+            yield
+            return
+        self.pause(what)
+        try:
+            yield
+        finally:
+            self.resume()
+
+    def _end_pause(self, now: float) -> None:
+        if self._pause_began is not None:
+            self.slowest_pause = max(self.slowest_pause, now - self._pause_began)
+            self._pause_began = None
+            self._paused = None
+            self._last_progress = now
+
+    # ---- the thread -------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="progress-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Training ended here: a last heartbeat says so (the others must not take its silence for a stall)."""
+        self._stop.set()
+        self._paused = FINISHED
+        with contextlib.suppress(Exception):
+            beat = Beat(self._beat + 1, self._progress, _collectives(), FINISHED, os.getpid(), self._host)
+            self._store("set", self._key(f"beat/{self.rank}"), json.dumps(asdict(beat)))
+        self._store.close()
+
+    def _tick_seconds(self) -> float:
+        return min(5.0, max(0.25, self.limit / 10))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._tick_seconds()):
+            if self._stop.is_set():
+                return
+            try:
+                self._tick()
+            except StoreGone:
+                self._store_gone()
+            except Exception as e:  # a watchdog that fails must never end the run it watches
+                logger.warning("The progress watchdog stopped: %s", str(e).splitlines()[0] if str(e) else type(e))
+                return
+
+    def _key(self, what: str) -> str:
+        return f"{self._prefix}/{what}"
+
+    def _tick(self) -> None:
+        self._beat += 1
+        now = time.monotonic()
+        mine = Beat(self._beat, self._progress, _collectives(), self._paused, os.getpid(), self._host)
+        self._store("set", self._key(f"beat/{self.rank}"), json.dumps(asdict(mine)))
+        if self._store("check", [self._key("verdict")]):
+            self._finish(json.loads(self._store("get", self._key("verdict"))), decided=False)
+        beats = self._beats(now)  # every tick, paused or not: a peer that stopped running is seen from anywhere
+        frozen = sorted(rank for rank in beats if rank != self.rank and self._frozen(rank, now))
+        if frozen:
+            why = "its process stopped running: stopped by a signal or a debugger, or frozen"
+            self._decide(beats, frozen, why, where=f"while rank {self.rank} was {_where(self._progress)}")
+            return
+        stalled_for = now - self._last_progress
+        if self._paused is not None or stalled_for < self.limit:
+            return
+        if any(b.paused and b.progress <= self._progress for r, b in beats.items() if r != self.rank):
+            return  # a rank behind this one saves, evaluates or compiles: this one waits for it
+        lowest = min((beat.progress, beat.collectives) for beat in beats.values())
+        behind = sorted(rank for rank, beat in beats.items() if (beat.progress, beat.collectives) == lowest)
+        if len(behind) < len(beats):
+            self._decide(beats, behind, "the other ranks went on to the next collective and wait there for it")
+        else:
+            self._decide(beats, sorted(beats), "every rank waits, none ahead of another")
+
+    def _decide(self, beats: dict[int, Beat], ranks: list[int], why: str, where: str | None = None) -> None:
+        verdict = {
+            "folder": time.strftime("hang-%Y%m%d-%H%M%S"),
+            "ranks": ranks,
+            "why": why,
+            "seconds": round(max(time.monotonic() - self._last_progress, self.limit)),
+            "where": where or _where(min(beats[rank].progress for rank in ranks if rank in beats)),
+            "by": self.rank,
+        }
+        verdict = json.loads(self._store("compare_set", self._key("verdict"), "", json.dumps(verdict)))
+        self._finish(verdict, decided=verdict["by"] == self.rank, beats=beats)
+
+    def _beats(self, now: float) -> dict[int, Beat]:
+        keys = [self._key(f"beat/{rank}") for rank in range(self.world_size)]
+        if not self._store("check", keys):  # one round trip once every rank has beaten; one a rank before that
+            keys = [key for key in keys if self._store("check", [key])]
+        values = self._store("multi_get", keys) if keys else []
+        beats = {int(k.rsplit("/", 1)[1]): Beat(**json.loads(v)) for k, v in zip(keys, values, strict=True)}
+        for rank, beat in beats.items():
+            seen = self._seen.get(rank)
+            if seen is None or seen[0] != beat.beat:
+                self._seen[rank] = (beat.beat, now)
+            self._last_paused[rank] = beat.paused
+        return beats
+
+    def _frozen(self, rank: int, now: float) -> bool:
+        """No new heartbeat from ``rank`` for the limit (once seen, unless its training ended): its process does not
+        run, whatever it was doing."""
+        seen = self._seen.get(rank)
+        return seen is not None and now - seen[1] >= self.limit and self._last_paused.get(rank) != FINISHED
+
+    # ---- the end ----------------------------------------------------------------------------------------------
+
+    def _store_gone(self) -> None:
+        """The store stopped answering: the process holding it (rank 0 or torchrun's agent) stopped. Decide
+        alone, once this rank has made no progress for the limit."""
+        if self._paused is None and time.monotonic() - self._last_progress >= self.limit:
+            verdict = {
+                "folder": time.strftime("hang-%Y%m%d-%H%M%S"),
+                "ranks": [0],
+                "why": "the job's rendezvous store, which rank 0 (or torchrun's agent on node 0) holds, stopped "
+                "answering",
+                "seconds": round(time.monotonic() - self._last_progress),
+                "where": _where(self._progress),
+                "by": self.rank,
+            }
+            self._finish(verdict, decided=True)
+
+    def _finish(self, verdict: dict, decided: bool, beats: dict[int, Beat] | None = None) -> None:
+        folder = self.output_dir / verdict["folder"]
+        line = stall_line(verdict, folder)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"rank{self.rank}.txt").write_text(self._report(verdict), encoding="utf-8")
+            if decided:
+                (folder / "summary.txt").write_text(line + "\n", encoding="utf-8")
+        except OSError as e:
+            line += f" (the report could not be written: {e})"
+        if decided:
+            print(f"error: {line}", file=sys.stderr, flush=True)
+            path = os.environ.get(STALL_LINE_ENV)
+            if path:
+                with contextlib.suppress(OSError):
+                    Path(path).write_text(line, encoding="utf-8")
+        self._continue_stopped_ranks(verdict, folder, beats)
+        self._wait_for_the_others()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(STALL_EXIT_CODE)
+
+    def _wait_for_the_others(self) -> None:
+        """Say this rank's report is written, and wait (a few ticks at most) for every rank still running to have
+        written its own: the process holding the store (rank 0) leaving first would leave the others without the
+        verdict, and a rank in an endless loop without its stacks."""
+        deadline = time.monotonic() + 3 * self._tick_seconds() + 5
+        now = time.monotonic()
+        others = [r for r in range(self.world_size) if r != self.rank and not self._frozen(r, now)]
+        waiting = [r for r in others if self._last_paused.get(r) != FINISHED]
+        try:
+            self._store("set", self._key(f"done/{self.rank}"), "1")
+            while waiting and time.monotonic() < deadline:
+                waiting = [r for r in waiting if not self._store("check", [self._key(f"done/{r}")])]
+                time.sleep(0.1)
+        except StoreGone:
+            pass
+
+    def _continue_stopped_ranks(self, verdict: dict, folder: Path, beats: dict[int, Beat] | None) -> None:
+        """A stalled rank on this host that is stopped (SIGSTOP) cannot write its stacks: continue it so that its
+        own watchdog does (it reads the verdict at its next tick), and say so where it could not."""
+        if beats is None:
+            with contextlib.suppress(Exception):
+                beats = self._beats(time.monotonic())
+        for rank in verdict["ranks"]:
+            beat = (beats or {}).get(rank)
+            if rank == self.rank or beat is None or beat.host != self._host or _state(beat.pid) != "T":
+                continue
+            with contextlib.suppress(OSError):
+                os.kill(beat.pid, signal.SIGCONT)
+            report = folder / f"rank{rank}.txt"
+            deadline = time.monotonic() + 10
+            while not report.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not report.exists():
+                with contextlib.suppress(OSError):
+                    report.write_text(
+                        f"rank {rank} (pid {beat.pid} on {beat.host}) was stopped (SIGSTOP or a debugger) and did "
+                        "not write its stacks within 10 s of being continued.\n",
+                        encoding="utf-8",
+                    )
+
+    def _report(self, verdict: dict) -> str:
+        stalled = ", ".join(map(str, verdict["ranks"]))
+        lines = [
+            f"rank {self.rank} of {self.world_size} (pid {os.getpid()} on {self._host}); last progress "
+            f"{_where(self._progress)}, {time.monotonic() - self._last_progress:.1f} s ago",
+            f"stalled: rank(s) {stalled}: {verdict['why']} (watchdog limit {self.limit:.0f} s)",
+            f"collectives issued on the default group: {_collectives()}",
+            f"waiting in: {waiting_in()}",
+            "",
+            "Python stacks of every thread (most recent call first within each):",
+        ]
+        return "\n".join(lines) + "\n" + _stacks()
+
+
+def stall_line(verdict: dict, folder: Path) -> str:
+    ranks = verdict["ranks"]
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+    return (
+        f"{who} made no progress for {verdict['seconds']} s {verdict['where']} ({verdict['why']}); "
+        f"every rank's stacks are in {folder}"
+    )
+
+
+def _where(progress: int) -> str:
+    return f"in step {(progress + 1) // 2}" if progress % 2 else f"after step {progress // 2}"
+
+
+def _collectives() -> int:
+    """Collectives this rank issued on the default group (they count up together on ranks that keep pace)."""
+    with contextlib.suppress(Exception):
+        return int(torch.distributed.group.WORLD._get_sequence_number_for_group())
+    return -1
+
+
+def waiting_in() -> str:
+    """The collective this rank waits in. Its main thread's innermost Python frame says whether it waits inside
+    torch at all (a collective is called from torch.distributed, a gradient reduction from autograd or DDP);
+    then torch's flight recorder (TORCH_FR_BUFFER_SIZE) names the collective issued last, else that frame does."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    path = frame.f_code.co_filename.replace(os.sep, "/") if frame is not None else ""
+    if not any(part in path for part in ("/torch/", "/accelerate/", "/deepspeed/", "/habana_frameworks/")):
+        return "no collective (its main thread runs outside torch: see its stack)"
+    with contextlib.suppress(Exception):
+        dump = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(True, True))
+        status = dump.get("pg_status", {})
+        newest: dict[str, dict] = {}  # each group's last collective (gloo marks completion only where waited on)
+        for entry in dump.get("entries", []):
+            group = str(entry.get("pg_id"))
+            if entry.get("collective_seq_id", 0) >= newest.get(group, {}).get("collective_seq_id", 0):
+                newest[group] = entry
+        pending = [
+            entry
+            for group, entry in newest.items()
+            if entry.get("collective_seq_id", 0) > int(status.get(group, {}).get("last_completed_collective", -1))
+        ]
+        if pending:  # the one issued last is the one this rank waits in
+            entry = max(pending, key=lambda e: e.get("time_created_ns", 0))
+            age = (time.time_ns() - entry.get("time_created_ns", time.time_ns())) / 1e9
+            name, description = (list(entry.get("process_group") or []) + ["?", "?"])[:2]
+            label = description if description not in ("", "undefined") else f"#{name}"
+            return (
+                f"{entry.get('profiling_name')} on group {label} (its collective {entry['collective_seq_id']}, "
+                f"issued {age:.1f} s ago, input sizes {entry.get('input_sizes')}; torch's flight recorder)"
+            )
+    short = path.split("/site-packages/", 1)[-1]
+    return f"{frame.f_code.co_name} ({short}:{frame.f_lineno}), its main thread's innermost frame"
+
+
+def _stacks() -> str:
+    """Every thread's Python stack, as faulthandler writes it (it needs no lock the stalled code could hold)."""
+    import tempfile
+
+    with tempfile.TemporaryFile(mode="w+") as f:
+        faulthandler.dump_traceback(f, all_threads=True)
+        f.seek(0)
+        return f.read()
+
+
+def _state(pid: int) -> str | None:
+    """The process state letter from /proc (T: stopped), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def enable_flight_recorder(environ: dict | os._Environ = os.environ) -> None:
+    """Ask torch to record each group's collectives (read when the first group is made), so a report can name the
+    one a rank waits in; a user's own setting is kept."""
+    environ.setdefault(FLIGHT_RECORDER_ENV, FLIGHT_RECORDER_ENTRIES)

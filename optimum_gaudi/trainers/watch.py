@@ -1,0 +1,119 @@
+"""The progress watchdog (distributed/watchdog.py) on the training loop's events: on by default in multi-process
+runs (``--hang_timeout``; 0 turns it off), with the first step, saves, evaluations and torch.compile's
+compilations paused, since those may take long without being a stall."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from ..distributed.agreement import default_store
+from ..distributed.watchdog import Watchdog
+
+logger = logging.getLogger(__name__)
+
+_serial = itertools.count()  # one set of store keys per train() in this process (the same order on every rank)
+
+
+def watchdog_wanted(args: Any) -> bool:
+    return args.world_size > 1 and args.hang_timeout != 0
+
+
+class ProgressWatch(TrainerCallback):
+    """Installed by GaudiTrainer around each ``train()`` of a multi-process run."""
+
+    def __init__(self) -> None:
+        self.watchdog: Watchdog | None = None
+        self._compiling = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        store = default_store()
+        if store is None:
+            return
+        self.watchdog = Watchdog(
+            store, args.process_index, args.world_size, args.output_dir, args.hang_timeout, serial=next(_serial)
+        )
+        self.watchdog.start()
+        _pause_during_compilation(self)
+        if args.process_index == 0:
+            limit = "derived from the run's step, save and evaluation times, at least 60 s"
+            if args.hang_timeout is not None:
+                limit = f"{args.hang_timeout:g} s"
+            logger.info("Progress watchdog on (--hang_timeout: %s; 0 turns it off).", limit)
+            if "TORCHELASTIC_RUN_ID" not in os.environ:  # DeepSpeed's launcher, mpirun: no elastic agent
+                logger.warning(
+                    "This job was not started by torchrun: a stalled rank ends it with the watchdog's report, but "
+                    "nothing restarts it (optimum-gaudi launch --max_restarts needs torchrun's elastic agent)."
+                )
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.watchdog is not None:
+            self.watchdog.step_begin(state.global_step + 1)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.watchdog is None:
+            return
+        self.watchdog.step_end(state.global_step)
+        if control.should_save or control.should_evaluate:  # until the next step begins: saves, evaluations, logs
+            self.watchdog.pause("an evaluation" if control.should_evaluate else "a save")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.stop()
+
+    def stop(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+            self.watchdog = None
+        _stop_pausing_during_compilation(self)
+
+    @contextlib.contextmanager
+    def paused(self, what: str) -> Iterator[None]:
+        if self.watchdog is None:
+            yield
+            return
+        with self.watchdog.paused(what):
+            yield
+
+    # torch.compile's callbacks (run on the thread that compiles)
+    def compilation_started(self, *args: Any) -> None:
+        if self.watchdog is not None and self.watchdog._paused is None:
+            self._compiling = True
+            self.watchdog.pause("a compilation")
+
+    def compilation_ended(self, *args: Any) -> None:
+        if self.watchdog is not None and self._compiling:
+            self._compiling = False
+            self.watchdog.resume()
+
+
+def _compile_callbacks() -> Any:
+    if "torch._dynamo" not in sys.modules:  # nothing compiles in this process: not worth importing it for
+        return None
+    with contextlib.suppress(Exception):
+        return torch._dynamo.callback.callback_handler
+    return None
+
+
+def _pause_during_compilation(watch: ProgressWatch) -> None:
+    handler = _compile_callbacks()
+    if handler is not None:
+        handler.register_start_callback(watch.compilation_started)
+        handler.register_end_callback(watch.compilation_ended)
+
+
+def _stop_pausing_during_compilation(watch: ProgressWatch) -> None:
+    handler = _compile_callbacks()
+    if handler is None:
+        return
+    with contextlib.suppress(ValueError):
+        handler.remove_start_callback(watch.compilation_started)
+    with contextlib.suppress(ValueError):
+        handler.remove_end_callback(watch.compilation_ended)

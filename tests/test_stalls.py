@@ -1,0 +1,232 @@
+"""A stalled, slow or diverging rank never wastes the cluster (issue 38): every group honours --ddp_timeout, the
+SIGTERM agreement costs no collective, a stalled rank is reported and the job restarted, non-finite steps stop
+or are skipped, stragglers are named.
+
+Multi-process runs are few and short: each launch checks several things."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import threading
+
+from test_launch import SCRIPTS, job_environment, launch_command
+
+
+def test_every_group_the_project_makes_honours_ddp_timeout(tmp_path):
+    """The host group, --async_save's writer groups and the sequence-parallel groups fail after --ddp_timeout
+    when a rank never joins (torch's new_group would wait its default 30 minutes)."""
+    timeout = 3
+    result = subprocess.run(
+        launch_command("--world_size", "2", str(SCRIPTS / "group_timeouts.py"), str(tmp_path))
+        + ["--ddp_timeout", str(timeout)],
+        capture_output=True,
+        text=True,
+        env=job_environment(),
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    waits = json.loads((tmp_path / "waits.json").read_text())
+    assert set(waits) == {"host", "async_save_model", "sequence_parallel"}
+    for name, wait in waits.items():
+        assert wait["failed"] and timeout - 0.5 < wait["seconds"] < timeout + 3, (name, wait)
+
+
+# ---- the progress watchdog (point 2) ------------------------------------------------------------------------------
+
+
+def test_a_stopped_rank_an_endless_loop_and_a_collective_never_joined_are_reported_and_restarted(tmp_path):
+    """One job, three attempts (--max_restarts 2): in each, rank 1 stalls another way after a checkpoint
+    (tests/scripts/train_stalls.py). Each time every rank writes its stacks and the collective it waits in, the
+    deciding rank one line, and torchrun restarts the job from the newest complete checkpoint; the last attempt's
+    line is the launcher's. (A first step, save or evaluation outlasting the limit: the in-process tests below.)"""
+    out = tmp_path / "run"
+    result = subprocess.run(
+        launch_command("--world_size", "2", "--max_restarts", "2", str(SCRIPTS / "train_stalls.py"), str(tmp_path))
+        + ["5", "--output_dir", str(out), "--max_steps", "16", "--save_strategy", "steps", "--save_steps", "2"]
+        + ["--logging_steps", "1", "--per_device_train_batch_size", "4", "--report_to", "none"]
+        + ["--disable_tqdm", "true", "--hang_timeout", "4"],
+        capture_output=True,
+        text=True,
+        env=job_environment(),
+        cwd=tmp_path,
+        timeout=400,
+    )
+    assert result.returncode != 0, result.stderr[-3000:]
+    folders = sorted(out.glob("hang-*"))
+    assert len(folders) == 3, result.stderr[-3000:]
+    last = result.stderr.rstrip().splitlines()[-1]
+    assert last == f"error: {(folders[-1] / 'summary.txt').read_text().strip()} (after 2 restart(s))", last
+    assert last.startswith("error: rank 1 made no progress for ") and str(folders[-1]) in last
+    assert "Restart 1 of this job: resuming from" in result.stderr
+    assert "Restart 2 of this job: resuming from" in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: rank 1 made no progress")]
+    assert len(lines) == 4  # one per stall from the deciding rank, and the launcher's
+    reports = [{rank: (folder / f"rank{rank}.txt").read_text() for rank in (0, 1)} for folder in folders]
+    for report in reports:
+        for text in report.values():
+            assert "Python stacks of every thread" in text and 'File "' in text
+        assert "waiting in: gloo:" in report[0]  # rank 0 waits for rank 1 in a collective
+    stopped, looping, blocked = reports
+    assert "stalled: rank(s) 1: its process stopped running" in stopped[0]
+    assert "in endless_loop" in looping[1] and "waiting in: no collective" in looping[1]
+    assert "waiting in: gloo:all_reduce on group #" in blocked[1]  # the group rank 0 never joins
+
+
+class FakeStore:
+    """The slice of a c10d store the watchdog and SIGTERM's agreement use, in memory."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+
+    def set(self, key, value):
+        self.data[key] = value.encode() if isinstance(value, str) else value
+
+    def get(self, key):
+        return self.data[key]
+
+    def check(self, keys):
+        return all(key in self.data for key in keys)
+
+    def multi_get(self, keys):
+        return [self.data[key] for key in keys]
+
+    def compare_set(self, key, expected, desired):
+        with self.lock:
+            if key not in self.data and expected == "":
+                self.data[key] = desired.encode()
+            return self.data[key]
+
+
+def test_sigterm_to_every_rank_stops_after_the_step_in_flight_and_to_some_after_the_next():
+    """SIGTERM's agreement (distributed/agreement.py) on a store in memory: ranks asked at the ends of steps 3
+    and 4 (a step end apart) stop after 4; a rank asked alone makes every rank stop after the next step."""
+    from optimum_gaudi.distributed.agreement import StopAgreement
+
+    store = FakeStore()
+    ranks = [StopAgreement(store, rank, 2, serial=0) for rank in (0, 1)]  # as two processes' first
+    results = {}
+    threads = [
+        threading.Thread(target=lambda r=r, s=s: results.update({r: ranks[r].step_end(s, True, 5.0)}))
+        for r, s in ((0, 3), (1, 4))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == {0: False, 1: True} and [a.stop_after for a in ranks] == [4, 4]
+    assert ranks[0].step_end(4, True) is True
+
+    store = FakeStore()
+    alone, other = StopAgreement(store, 1, 2, serial=0), StopAgreement(store, 0, 2, serial=0)
+    assert other.step_end(5, False) is False  # rank 0 ended step 5 before rank 1 said anything
+    assert alone.step_end(5, True, wait_seconds=0.05) is False  # rank 0 never answers: after step 6
+    assert (other.step_end(6, False), alone.step_end(6, True)) == (True, True)
+
+
+def watchdog_pair(tmp_path, limit=1.0):
+    """Rank 0's watchdog and a way to publish rank 1's heartbeat; a verdict is recorded, not acted on."""
+    from optimum_gaudi.distributed import watchdog
+
+    store = FakeStore()
+    dog = watchdog.Watchdog(store, 0, 2, tmp_path, limit=limit)
+    verdicts = []
+    dog._finish = lambda verdict, decided, beats=None: verdicts.append(verdict)
+
+    def peer(beat: int, progress: int, paused=None):
+        record = watchdog.Beat(beat, progress, 0, paused, 1, "elsewhere")
+        store.set(dog._key("beat/1"), json.dumps(dataclasses.asdict(record)))
+
+    return dog, peer, verdicts
+
+
+def test_the_watchdog_waits_for_a_rank_behind_it_that_saves_and_names_a_stopped_one_even_while_paused(tmp_path):
+    dog, peer, verdicts = watchdog_pair(tmp_path)
+    dog.step_begin(1)
+    dog.step_end(1)  # armed after the first step
+    dog.step_begin(2)
+    dog._last_progress -= 5  # no progress for 5 s, over the 1 s limit
+    peer(1, 2, paused="a save")  # rank 1 saves, behind rank 0 (after step 1): rank 0 waits for it
+    dog._tick()
+    peer(2, 2, paused="a save")
+    dog._tick()
+    assert verdicts == []
+    dog.pause("an evaluation")  # rank 0 evaluates; rank 1 stops beating: seen from a paused rank too
+    dog._seen[1] = (2, dog._seen[1][1] - 2)
+    dog._tick()
+    assert [v["ranks"] for v in verdicts] == [[1]] and "stopped running" in verdicts[0]["why"]
+
+
+def test_the_watchdog_names_the_rank_behind_and_never_fires_in_the_first_step(tmp_path):
+    dog, peer, verdicts = watchdog_pair(tmp_path)
+    dog.step_begin(1)
+    dog._last_progress -= 5  # the first step (compilation) takes 5 s: no verdict
+    peer(1, 1)
+    dog._tick()
+    assert verdicts == [] and dog._paused == "the first step"
+    dog.step_end(1)
+    dog.step_begin(2)
+    dog._last_progress -= 5
+    peer(2, 2)  # rank 1 alive, still after step 1: rank 0 waits in step 2's collective for it
+    dog._tick()
+    assert [v["ranks"] for v in verdicts] == [[1]] and "went on to the next collective" in verdicts[0]["why"]
+    assert verdicts[0]["where"] == "after step 1"
+
+
+def test_a_rank_whose_training_ended_is_not_taken_for_a_stopped_one(tmp_path):
+    from optimum_gaudi.distributed.watchdog import FINISHED
+
+    dog, peer, verdicts = watchdog_pair(tmp_path)
+    dog.step_begin(1)
+    dog.step_end(1)
+    peer(7, 2, paused=FINISHED)
+    dog._tick()
+    dog._seen[1] = (7, dog._seen[1][1] - 10)
+    dog._tick()
+    assert verdicts == []
+
+
+def test_the_default_limit_comes_from_the_runs_own_times_with_a_floor():
+    from optimum_gaudi.distributed.watchdog import AUTO_FLOOR_SECONDS, auto_limit
+
+    assert auto_limit(0.5, 10.0) == AUTO_FLOOR_SECONDS == 60
+    assert auto_limit(12.0, 10.0) == 120  # 10 x the slowest step
+    assert auto_limit(1.0, 90.0) == 180  # 2 x the slowest save or evaluation
+
+
+# ---- stragglers (point 4) and non-finite steps on several processes (point 3) -------------------------------------
+
+
+def test_a_slow_rank_is_logged_and_named_once_and_a_nan_on_one_rank_is_skipped_on_every_rank_then_stops(tmp_path):
+    """Rank 1 is slow every step and its loss is NaN at steps 9, 13 and 14 (tests/scripts/train_stragglers.py):
+    each logging step records the slowest and fastest rank, rank 1 is named once; step 9 is skipped on both ranks
+    (neither AdamW stepped), steps 13 and 14 are two in a row (--max_nonfinite_skips 1): one line, exit 2."""
+    out = tmp_path / "run"
+    result = subprocess.run(
+        launch_command("--world_size", "2", str(SCRIPTS / "train_stragglers.py"), str(tmp_path), "9,13,14")
+        + ["--output_dir", str(out), "--max_steps", "16", "--save_strategy", "steps", "--save_steps", "4"]
+        + ["--logging_steps", "2", "--per_device_train_batch_size", "4", "--report_to", "none"]
+        + ["--disable_tqdm", "true", "--on_nonfinite", "skip", "--max_nonfinite_skips", "1"],
+        capture_output=True,
+        text=True,
+        env=job_environment(),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.rstrip().splitlines()[-1] == (
+        "error: step 14: the loss is nan on rank 1 (gradient norm nan): 2 such steps in a row; stopped before its "
+        "optimizer step (--max_nonfinite_skips 1 skips at most that many in a row)."
+    )
+    assert "step 9: the loss is nan on rank 1 (gradient norm nan); step skipped" in result.stderr
+    assert [(tmp_path / f"optimizer_steps.rank{r}").read_text() for r in (0, 1)] == ["11", "11"]
+    assert result.stderr.count("Rank 1 has been slower than the median rank for 3 logging intervals") == 1
+    history = json.loads((out / "checkpoint-12" / "trainer_state.json").read_text())["log_history"]
+    logged = [h for h in history if "loss" in h]
+    assert len(logged) == 6 and all(h["slowest_rank"] == 1 and h["fastest_rank"] == 0 for h in logged)
+    assert all(h["slowest_rank_step_time"] > h["fastest_rank_step_time"] + 0.1 for h in logged)
+    assert [h["nonfinite_skipped_steps"] for h in logged] == [0, 0, 0, 0, 1, 1]
+    assert not list(out.glob("hang-*"))  # the watchdog (on by default) never fired
