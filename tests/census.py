@@ -37,6 +37,10 @@ ISSUERS = (
     ("optimum_gaudi", ("optimum_gaudi",)),
 )
 DDP_REDUCER = "DDP (C++ reducer)"
+# Frames of a compiled graph running (dynamo's and AOTAutograd's wrappers, the FX code, which has no module: "?"):
+# a collective issued inside one has lost the frames of the code that was compiled into it.
+COMPILED = "a torch.compile graph"
+_COMPILED_FRAMES = ("torch._functorch._aot_autograd", "torch._dynamo", "torch.fx", "torch._compile", "?")
 
 
 def _maps():
@@ -47,12 +51,14 @@ def _maps():
 
 
 def issuer(frames: list[str]) -> tuple[str, str]:
-    """(issuer, ``module:function`` of its innermost frame) of a collective's stack (innermost first)."""
+    """(issuer, ``module:function`` of its innermost frame) of a collective's stack (innermost first); one issued
+    inside a compiled graph is the graph's unless an issuer's frame comes first."""
+    graph = next((i for i, frame in enumerate(frames) if frame.split(":")[0].startswith(_COMPILED_FRAMES)), None)
     for name, prefixes in ISSUERS:
-        for frame in frames:
+        for frame in frames[:graph]:
             if frame.split(":")[0].startswith(prefixes):
                 return name, frame
-    return DDP_REDUCER, ""
+    return (DDP_REDUCER, "") if graph is None else (COMPILED, frames[graph])
 
 
 def read(log_prefix: str | Path, ranks: range) -> list[dict]:

@@ -1,7 +1,9 @@
 """The simulated ``hpu`` device (tests/fakes, a test double: ``habana_frameworks/_device.py`` and
 ``torch/lib/fake_hpu_device.cpp``), checked in a fresh process as the examples run on it: tensors live on
-``hpu``, torch.autocast('hpu') follows the bridge's op lists (``hpu_ops/autocast_helpers.h``), random ops
-draw from the HPU generator (``hpu/random.py``), 'hccl' takes hpu tensors only (``ProcessGroupHCCL.cpp``),
+``hpu``, one per process (``HPUDevice.cpp``, ``HPUGuardImpl.h``, ``hpu/__init__.py``), torch.autocast('hpu') follows
+the bridge's op lists (``hpu_ops/autocast_helpers.h``), random ops draw from the HPU generator (``hpu/random.py``),
+'hccl' takes hpu tensors only (``ProcessGroupHCCL.cpp``) and its group functions are the bridge's
+(``core/torch_overwrites.py``),
 torch.hpu's memory API counts the device's bytes (``hpu/memory.py``), and kernels write contiguous outputs
 (torch's own fake tensors assume it for hpu: ``torch/_subclasses/fake_impls.py``)."""
 
@@ -17,7 +19,48 @@ CHECKS = textwrap.dedent(
     import os, torch, torch.distributed as dist
     from transformers.utils import is_torch_hpu_available
 
-    assert is_torch_hpu_available() and torch.hpu.device_count() == 1
+    assert is_torch_hpu_available()
+
+    # one device per process: this process opened module 1 of a machine of 2 Gaudis (HLS_MODULE_ID=1), which torch
+    # sees as hpu:0 (HPUDevice.cpp); set_device only remaps an index to that module (hpu/__init__.py)
+    assert torch.hpu.device_count() == 2 and torch.hpu.current_device() == 0
+    for index in (1, 0, "hpu:1"):
+        torch.hpu.set_device(index)
+        assert torch.hpu.current_device() == 0 and os.environ["HLS_MODULE_ID"] == "1", index
+    assert torch.empty(2, device="hpu:1").device == torch.ones(2).to("hpu:1").device == torch.device("hpu:0")
+    assert torch.accelerator.current_device_index() == 0
+    with torch.hpu.device(1):                                         # the process's own module
+        pass
+    def refused(call, error, text):
+        try:
+            call()
+        except error as caught:
+            assert text in str(caught), caught
+        else:
+            raise AssertionError(f"the bridge refuses it: {text}")
+    refused(lambda: torch.hpu.device(2), AssertionError, "Requested device_id=2 is different from env_device_id=1")
+    def exchange():                                                   # HPUGuardImpl.h exchangeDevice
+        with torch.accelerator.device_index(1):
+            pass
+    refused(exchange, RuntimeError, "habana active device: 1 != 0")
+    # hpu/random.py: the generator of device 0 only, even where index 1 is the process's own module
+    refused(lambda: torch.hpu.get_rng_state(1), RuntimeError, "hpu get_rng_state supports only device 0")
+    refused(lambda: torch.hpu.get_rng_state("hpu:1"), RuntimeError, "hpu get_rng_state supports only device 0")
+    refused(lambda: torch.hpu.set_rng_state(torch.hpu.get_rng_state(), torch.device("hpu", 1)), RuntimeError,
+            "hpu set_rng_state supports only device 0")
+    refused(lambda: torch.hpu.get_rng_state("cpu"), ValueError, "Expected a hpu device, but got: cpu")
+    assert torch.equal(torch.hpu.get_rng_state(torch.device("hpu")), torch.hpu.get_rng_state(0))
+    # core/torch_overwrites.py: torch.manual_seed seeds the HPU's generator too; fork_rng forks hpu's by default, every
+    # index below device_count() (2 here), and device 1's state is refused
+    torch.manual_seed(3)
+    drawn = torch.rand(4, device="hpu").cpu()
+    torch.manual_seed(3)
+    assert torch.equal(torch.rand(4, device="hpu").cpu(), drawn)
+    refused(lambda: torch.random.fork_rng().__enter__(), RuntimeError, "hpu get_rng_state supports only device 0")
+    state = torch.hpu.get_rng_state()
+    with torch.random.fork_rng(devices=[0]):                           # the hpu generator's state put back
+        torch.rand(4, device="hpu")
+    assert torch.equal(torch.hpu.get_rng_state(), state)
 
     # placement: a training step on hpu computes what the same step computes on the CPU
     torch.manual_seed(0)
@@ -87,9 +130,20 @@ CHECKS = textwrap.dedent(
     t = torch.empty(0, device="hpu").set_(torch.arange(6.0, device="hpu").untyped_storage())
     assert t.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
 
-    # hccl: hpu tensors only
-    dist.init_process_group("hccl", rank=0, world_size=1, init_method="tcp://127.0.0.1:29531")
+    # core/torch_overwrites.py: the bridge's init_process_group and new_group take their first parameters only
+    refused(lambda: dist.init_process_group(backend="hccl", device_id=torch.device("hpu")), TypeError, "device_id")
     import habana_frameworks as hf
+
+    # with the comm group cache on (PT_ENABLE_COMM_GROUP_CACHE's default), init_process_group returns nothing
+    assert dist.init_process_group("hccl", rank=0, world_size=1, init_method="tcp://127.0.0.1:29531") is None
+    refused(lambda: dist.new_group([0], group_desc="tp"), TypeError, "group_desc")
+    # 1.19.0's cache is emptied at each call: a group of the same ranks is a new group, with torch's 30 minutes
+    first, second = dist.new_group([0]), dist.new_group(backend="hccl")
+    assert first is not second and first.group_name != second.group_name
+    made = hf.calls_named("core.new_group")
+    assert [(c.kwargs["ranks"], c.kwargs["timeout"], c.kwargs["cached"]) for c in made] == [([0], 1800.0, False)] * 2
+
+    # hccl: hpu tensors only
 
     t = torch.ones(3, device="hpu")
     dist.all_reduce(t)
@@ -138,6 +192,7 @@ CHECKS = textwrap.dedent(
 def test_the_simulated_device_behaves_as_the_bridge_documents(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
     env.update(PYTHONPATH=FAKES, FAKE_HPU_DEVICE="1", FAKE_HPU_SOFTWARE="1.21", OMP_NUM_THREADS="1")
+    env.update(FAKE_HPU_DEVICE_COUNT="2", HLS_MODULE_ID="1")  # the second card's process of a 2-card machine
     result = subprocess.run([sys.executable, "-c", CHECKS], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "device checks passed" in result.stdout

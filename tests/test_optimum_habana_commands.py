@@ -7,8 +7,9 @@ there). A shrunk run keeps every flag but these: the Hub model becomes a tiny lo
 datasets (--dataset_name, --dataset_config_name, --task_name) give way to the examples' embedded data,
 --deepspeed is dropped (DeepSpeed is not installed in the test environment; with it installed it is tested by
 tests/test_deepspeed.py), sizes shrink (steps, batches, lengths, warm-up) and --output_dir is a temporary one.
-A command with --fsdp runs on two processes through `optimum-gaudi launch`, with optimum-habana's
-fsdp_config.json (its settings are in tests/data).
+A command with --fsdp runs on 2 and 4 simulated Gaudis through `optimum-gaudi launch` (in one launch with the
+long-sequence command), with optimum-habana's fsdp_config.json (its settings are in tests/data); FSDP over gloo on
+CPU processes with that file is tests/test_fsdp.py's.
 The environment variables in front of a command (PT_HPU_LAZY_MODE=1, ...) are set for its run; without a Gaudi
 they change nothing.
 """
@@ -26,9 +27,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import census
 import pytest
 import torch
-from conftest import use_torchao
+from conftest import FAKES, use_torchao
 
 from optimum_gaudi.errors import UserError
 
@@ -228,7 +230,7 @@ REFUSED = {
 # them (the tiny Llama's 2 key/value heads divide by 2, not by the README's 4).
 SPLIT_OVER = 2
 # FSDP: the README's fsdp_config.json is optimum-habana's file, whose settings tests/data holds; a shrunk FSDP
-# command runs on two processes through the launcher (a single process has nothing to shard).
+# command runs on simulated Gaudis through the launcher (a single process has nothing to shard).
 HABANA_FSDP_CONFIG = TESTS / "data" / "optimum_habana_fsdp_config.json"
 FSDP_COMMANDS = sorted(i for i, c in COMMANDS.items() if "--fsdp" in c.args)
 
@@ -435,6 +437,13 @@ def tiny_models(tmp_path_factory):
     tokenizer.chat_template = "{% for m in messages %}<user>{{ m['content'] }}{% endfor %}<assistant>"
     tokenizer.save_pretrained(paths["llama-chat"])
     tokenizer.chat_template = None
+    torch.manual_seed(0)  # Llama 3.1's grouped heads split over 4 cards: 8 query over 4 key/value heads
+    paths["llama-8-heads"] = root / "llama-8-heads"
+    LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
+                                 bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+                     ).save_pretrained(paths["llama-8-heads"])  # fmt: skip
+    tokenizer.save_pretrained(paths["llama-8-heads"])
     llama_tokenizer = json.loads((paths["llama"] / "tokenizer_config.json").read_text())
     llama_tokenizer.pop("pad_token", None)  # as Llama's: --add_pad_token has something to do
     (paths["llama"] / "tokenizer_config.json").write_text(json.dumps(llama_tokenizer))
@@ -555,37 +564,75 @@ def test_a_shrunk_copy_trains_on_cpu_to_the_end(command_id, tmp_path, tiny_model
         assert config["pad_token_id"] == config["eos_token_id"]  # Llama's eos pads, as in optimum-habana
 
 
-@pytest.mark.parametrize("command_id", FSDP_COMMANDS)
-def test_a_shrunk_fsdp_command_shards_on_two_cpu_processes_through_the_launcher(command_id, tmp_path, tiny_models):
-    """optimum-habana's FSDP command (LoRA, torch.compile, gradient checkpointing, accumulation, bf16 on op lists,
-    its fsdp_config.json) through ``optimum-gaudi launch --world_size 2``: gaudi_spawn.py's --use_mpi gives way to
-    the launcher's default (torchrun), as mpirun is not installed here."""
+# ---- the FSDP and long-sequence commands on simulated Gaudis ---------------------------------------------------
+
+LONG_SEQUENCE = "lora-llama3.1-8b-long-sequence"
+RUN_EXAMPLES = TESTS / "scripts" / "run_examples.py"
+
+
+def gaudi_runs(world: int, tmp_path: Path, models: dict[str, Path]) -> dict[str, list[str]]:
+    """The shrunk FSDP command as written (eager, torch.compile through hpu_backend), without --torch_compile, and
+    as DDP; the shrunk long-sequence command in eager mode (--use_lazy_mode False, so no --pipelining_fwd_bwd),
+    its sequences split over all `world` cards, without and with --torch_compile, and as fast_ddp over the same rows
+    (`world` rows a step: one a card under fast_ddp). LoRA dropout off in the long-sequence runs, whose splits
+    would otherwise draw different masks."""
+    (fsdp_id,) = FSDP_COMMANDS
+    fsdp = shrunk(COMMANDS[fsdp_id], tmp_path, models)
+    eager = without(fsdp, "torch_compile", "torch_compile_backend")
+    long = without(shrunk(COMMANDS[LONG_SEQUENCE], tmp_path, models), "use_lazy_mode", "pipelining_fwd_bwd")
+    long = replaced(long, {"use_lazy_mode": "False", "lora_dropout": "0", "context_parallel_size": str(world),
+                           "per_device_train_batch_size": str(world), "model_name_or_path": str(models["llama-8-heads"])})  # fmt: skip
+    compiled = ["--torch_compile", "--torch_compile_backend", "hpu_backend"]
+    runs = {
+        "fsdp_compile": fsdp,
+        "fsdp_eager": eager,
+        "ddp": without(eager, "fsdp", "fsdp_config"),
+        "long_eager": long,  # after the FSDP runs in the same processes: no FSDP of theirs left over
+        "long_compile": long + compiled,
+        "long_fast_ddp": replaced(without(long, "context_parallel_size"),
+                                  {"per_device_train_batch_size": "1", "distribution_strategy": "fast_ddp"}),
+    }  # fmt: skip
+    return {name: replaced(argv, {"output_dir": str(tmp_path / name)}) for name, argv in runs.items()}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp_and_long_sequence_commands_train_as_ddp_on_simulated_gaudis(world, tmp_path, tiny_models):
+    """optimum-habana's FSDP and long-sequence commands on `world` simulated Gaudis (software 1.21, hccl), one after
+    the other in the same processes as a user's session runs them, each in eager mode and with torch.compile: the
+    gradient norms equal DDP's on the same rows (bf16 on Habana's op list: within 1%; the losses are bf16 and
+    equal), compiled equal to eager, and every collective is one the bridge maps and docs/collectives.md lists."""
     import os
-    import socket
     import subprocess
 
-    command = COMMANDS[command_id]
-    needs(command)
-    argv = shrunk(command, tmp_path, tiny_models)
-    assert dict(options(argv))["fsdp_config"] == [str(HABANA_FSDP_CONFIG)]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = {**os.environ, **command.env, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    needs(COMMANDS[LONG_SEQUENCE])
+    runs = gaudi_runs(world, tmp_path, tiny_models)
+    spec = tmp_path / "runs.json"
+    spec.write_text(json.dumps({name: {"script": "run_lora_clm.py", "argv": argv} for name, argv in runs.items()}))
+    (tmp_path / "ops_bf16.txt").write_text((TESTS / "data" / "optimum_habana_ops_bf16.txt").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
+    env.update(COMMANDS[FSDP_COMMANDS[0]].env, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", FAKE_HPU_DEVICE="1")
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [FAKES, env.get("PYTHONPATH")])), FAKE_HPU_SOFTWARE="1.21")
+    env.update(FAKE_HPU_DEVICE_COUNT=str(world), FAKE_HPU_CALL_LOG=str(tmp_path / "simulator.json"))
     env["OPTIMUM_GAUDI_CACHE"] = str(tiny_models["llama"].parent / "cache")
-    launch = [sys.executable, "-m", "optimum_gaudi", "launch", "--world_size", "2", "--master_port", port]
-    result = subprocess.run(
-        [*launch, str(SCRIPTS[command.script]), *argv], env=env, capture_output=True, text=True, timeout=300
-    )
+    launch = [sys.executable, "-m", "optimum_gaudi", "launch", "--world_size", str(world)]
+    result = subprocess.run([*launch, str(RUN_EXAMPLES), str(tmp_path / "out.json"), str(spec)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
-    log = result.stdout + result.stderr
-    assert re.search(r"^fsdp\s+on\s+FSDP2 fully_shard over gloo", log, re.M)  # the feature table
-    out = tmp_path / "out"
-    assert math.isfinite(json.loads((out / "train_results.json").read_text())["train_loss"])
-    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
-    assert (out / "adapter_model.safetensors").is_file()
-    assert json.loads((out / "adapter_config.json").read_text())["r"] == 4
-    assert math.isfinite(json.loads((out / "eval_results.json").read_text())["eval_loss"])
+    assert re.search(r"^fsdp\s+on\s+FSDP2 fully_shard over hccl", result.stdout + result.stderr, re.M)  # the table
+    written = tmp_path / "fsdp_compile"  # the FSDP command's outputs, as on a Gaudi
+    assert json.loads((written / "trainer_state.json").read_text())["global_step"] == 2
+    assert json.loads((written / "adapter_config.json").read_text())["r"] == 4
+    assert (written / "adapter_model.safetensors").is_file()
+    assert math.isfinite(json.loads((written / "eval_results.json").read_text())["eval_loss"])
+    out = json.loads((tmp_path / "out.json.0").read_text())
+    for run, reference in (("fsdp_compile", "ddp"), ("fsdp_eager", "ddp"), ("long_eager", "long_fast_ddp"),
+                           ("long_compile", "long_fast_ddp"), ("fsdp_compile", "fsdp_eager"), ("long_compile", "long_eager")):  # fmt: skip
+        assert len(out[run]["losses"]) == 2 and out[run]["losses"] == out[reference]["losses"], (run, reference)
+        assert out[run]["grad_norms"] == pytest.approx(out[reference]["grad_norms"], rel=0.01), (run, reference)
+    issued = {census.key(entry) for entry in census.check(tmp_path / "simulator.json", range(world))}
+    assert ("FSDP2", "reduce_scatter_tensor", "SUM", "bfloat16") in issued  # summed: HCCL has no AVG
+    assert ("a torch.compile graph", "alltoall_base", "-", "bfloat16") in issued  # the all-to-all compiled
+    assert {"sequence parallelism", "fast_ddp"} <= {key[0] for key in issued}
 
 
 # ---- the arguments the examples took from optimum-habana's scripts for these commands --------------------------

@@ -59,7 +59,7 @@ def assert_same_training(split: dict, single: dict) -> None:
 def test_sequences_split_over_4_and_2_ranks_train_as_one_process(tmp_path):
     """4 ranks: one group of 4 (sdpa, grouped heads, left padding, lengths 4 does not divide); then 2 groups of 2,
     data parallel over the groups (eager attention, right padding: the one process pads its 4 rows together),
-    under DDP, FSDP2 and fast_ddp. Evaluation is not split: the eval_loss is the one process's, not 2x it. A trainer with a compute_loss_func is
+    under DDP, FSDP2, fast_ddp and torch.compile. Evaluation is not split: the eval_loss is the one process's, not 2x it. A trainer with a compute_loss_func is
     refused in one line."""
     runs = {
         "cp4": run(tmp_path, "cp4", "sdpa", "left", per_device_train_batch_size=2, context_parallel_size=4),
@@ -69,6 +69,10 @@ def test_sequences_split_over_4_and_2_ranks_train_as_one_process(tmp_path):
     runs["cp2_fsdp"]["args"]["fsdp"] = "full_shard"
     runs["cp2_fast"] = run(tmp_path, "fast", "sdpa", "right", per_device_train_batch_size=2, context_parallel_size=2)
     runs["cp2_fast"]["args"]["distribution_strategy"] = "fast_ddp"
+    runs["cp2_compile"] = run(
+        tmp_path, "compile", "sdpa", "right", per_device_train_batch_size=2, context_parallel_size=2
+    )
+    runs["cp2_compile"]["args"] |= dict(torch_compile=True, torch_compile_backend="aot_eager")
     runs["refused"] = run(tmp_path, "refused", "sdpa", "right", context_parallel_size=2) | dict(compute_loss_func=True)
     runs["cp2"] |= dict(eval_rows=8)
     runs["cp2"]["args"]["per_device_eval_batch_size"] = 2  # one step of the 4 ranks' own 2 rows
@@ -81,6 +85,7 @@ def test_sequences_split_over_4_and_2_ranks_train_as_one_process(tmp_path):
     single = single_process(tmp_path, "sdpa", "right", per_device=4)
     assert_same_training(split["cp2_fsdp"], single)
     assert_same_training(split["cp2_fast"], single)
+    assert_same_training(split["cp2_compile"], single)  # dynamo over the all-to-all (gloo)
     assert split["cp4"]["losses"] != split["cp2"]["losses"]  # two different trainings, each matched
     assert split["refused"]["refused"] == (
         "--context_parallel_size 2 cannot be combined with a compute_loss_func (it would read the slice's own "
@@ -111,7 +116,6 @@ def test_combinations_that_cannot_split_are_one_line(monkeypatch, tmp_path):
     args = GaudiTrainingArguments(output_dir=str(tmp_path))
     for given, expected in [
         (dict(attn_implementation="flash_attention_2"), "runs attention with sdpa, eager or gaudi_fused_sdpa, not"),
-        (dict(torch_compile=True), "cannot be combined with --torch_compile"),
         (dict(use_hpu_graphs_for_training=True), "cannot be combined with --use_hpu_graphs_for_training"),
         (dict(label_smoothing_factor=0.1), "cannot be combined with --label_smoothing_factor (it reads the slice's"),
     ]:
@@ -120,6 +124,8 @@ def test_combinations_that_cannot_split_are_one_line(monkeypatch, tmp_path):
         assert expected in argument_problem(args, world_size=4)
         monkeypatch.undo()
     monkeypatch.setattr(args, "context_parallel_size", 2)
+    assert argument_problem(args, world_size=4) is None
+    monkeypatch.setattr(args, "torch_compile", True)  # the all-to-all compiles (tested with the commands)
     assert argument_problem(args, world_size=4) is None
 
 

@@ -266,6 +266,84 @@ def test_hccl_import_disallows_collectives_in_dynamo_graphs_until_unloaded(bridg
     assert not any(id(f) in trace_rules._disallowed_callable_ids for f in collectives)
 
 
+def test_group_functions_are_the_bridges_until_unloaded(bridge, monkeypatch, tmp_path):
+    """``core/torch_overwrites.py``: importing the bridge replaces ``torch.distributed.init_process_group`` (backend
+    required, nothing after ``pg_options``) and ``new_group`` (four parameters, a missing timeout is torch's 30
+    minutes); PT_ENABLE_COMM_GROUP_CACHE=0 leaves the cache out. The simulator takes them back when it unloads."""
+    import torch.distributed as dist
+
+    original = (dist.new_group, dist.init_process_group)
+    import habana_frameworks.torch  # noqa: F401
+
+    with pytest.raises(TypeError, match="backend"):
+        dist.init_process_group()
+    monkeypatch.setenv("PT_ENABLE_COMM_GROUP_CACHE", "0")
+    dist.init_process_group("hccl", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        dist.new_group([0])
+        with pytest.raises(TypeError, match="use_local_synchronization"):
+            dist.new_group([0], use_local_synchronization=True)
+    finally:
+        dist.destroy_process_group()
+    made = bridge().calls_named("core.new_group")
+    assert [c.kwargs for c in made] == [{"ranks": [0], "backend": None, "timeout": 1800.0, "cached": None}]
+    assert bridge().calls_named("core.init_process_group")[-1].kwargs == {"backend": "hccl", "timeout": 1800.0}
+    bridge().unload()
+    assert (dist.new_group, dist.init_process_group) == original
+
+
+def test_set_device_keeps_the_process_on_its_module(bridge, monkeypatch):
+    """``hpu/__init__.py``: a process has one Gaudi; ``set_device`` checks the index and remaps it to the module the
+    process opened (HLS_MODULE_ID, a position in HABANA_VISIBLE_MODULES), or exports it; without either, on a
+    machine of fewer than 8 Gaudis, only index 0 is allowed. The current device stays 0."""
+    for name in ("HLS_MODULE_ID", "HABANA_VISIBLE_MODULES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FAKE_HPU_DEVICE_COUNT", "2")
+    import habana_frameworks.torch.hpu as hpu
+
+    hpu.set_device(0)
+    with pytest.raises(
+        AssertionError, match="As HABANA_VISIBLE_MODULES is not provided, the only supported device idx is 0"
+    ):
+        hpu.set_device(1)
+    monkeypatch.setenv("HABANA_VISIBLE_MODULES", "4,5")
+    monkeypatch.setenv("HLS_MODULE_ID", "5")
+    hpu.set_device(0)
+    assert (os.environ["HLS_MODULE_ID"], hpu.set_device.current_device_idx, hpu.current_device()) == ("5", 1, 0)
+    with pytest.raises(AssertionError, match=r"Trying to open device with idx=9 when only \[4, 5\] are avaliable"):
+        hpu.set_device(9)
+
+
+def test_torch_manual_seed_seeds_the_hpu_generator_until_unloaded(bridge):
+    """``core/torch_overwrites.py``: the bridge's ``torch.manual_seed`` seeds the HPU generator as well."""
+    original = torch.manual_seed
+    import habana_frameworks.torch.hpu.random as hpu_random
+
+    torch.manual_seed(5)
+    first = hpu_random.draw()
+    torch.manual_seed(5)
+    assert hpu_random.draw() == first and bridge().calls_named("hpu.random.manual_seed")[-1].args == (5,)
+    bridge().unload()
+    assert torch.manual_seed is original
+
+
+def test_rng_state_is_device_0s_only(bridge):
+    """``hpu/random.py``: get/set_rng_state take the generator of device 0 only; no index names the current
+    device (0), anything else is a RuntimeError, another device type a ValueError (``hpu/_utils.py``)."""
+    import habana_frameworks.torch.hpu as hpu
+
+    state = hpu.get_rng_state()
+    hpu.set_rng_state(state, "hpu:0")
+    assert torch.equal(hpu.get_rng_state(torch.device("hpu")), state)
+    for device in (1, "hpu:1", torch.device("hpu", 2)):
+        with pytest.raises(RuntimeError, match="^hpu get_rng_state supports only device 0$"):
+            hpu.get_rng_state(device)
+        with pytest.raises(RuntimeError, match="^hpu set_rng_state supports only device 0$"):
+            hpu.set_rng_state(state, device)
+    with pytest.raises(ValueError, match="Expected a hpu device, but got: cpu"):
+        hpu.get_rng_state("cpu")
+
+
 def test_torch_version_mismatch_is_an_assertion_at_import(bridge, monkeypatch):
     monkeypatch.setenv("FAKE_HPU_BUILT_FOR_TORCH", "2.5")
     with pytest.raises(AssertionError, match="differs from run-time"):

@@ -10,8 +10,10 @@ state is given the plugin transformers built, as accelerate does for the other t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -125,6 +127,29 @@ def gather_in_bf16(plugin: Any) -> None:
         reduce_dtype=torch.float32,
         cast_forward_inputs=False,  # each op's inputs are the autocast's to cast, not each wrapped layer's
     )
+
+
+# accelerate's Accelerator exports ACCELERATE_USE_FSDP=true when it is given an FSDP plugin (``accelerator.py``), and
+# every later Accelerator of the process builds a default plugin from it: set by an earlier trainer of this process.
+_ACCELERATE_FSDP = "ACCELERATE_USE_FSDP"
+_fsdp_exported_by_a_trainer = False
+
+
+@contextlib.contextmanager
+def fsdp_of_this_run_only(args: Any) -> Iterator[None]:
+    """Around the building of a trainer's accelerator: a run that asks for no FSDP does not inherit the variable an
+    earlier FSDP trainer of this process (a notebook, a sweep) made accelerate export, which would shard it too (a
+    DDP run sharded, a fast_ddp run left on the CPU). A variable the user exported (``accelerate launch
+    --use_fsdp``) is theirs and stays."""
+    global _fsdp_exported_by_a_trainer
+    wants_fsdp = bool(args.fsdp) or getattr(args, "fsdp_plugin_args", None) is not None
+    if _fsdp_exported_by_a_trainer and not wants_fsdp:
+        os.environ.pop(_ACCELERATE_FSDP, None)
+        _fsdp_exported_by_a_trainer = False
+    before = os.environ.get(_ACCELERATE_FSDP)
+    yield
+    if before is None and os.environ.get(_ACCELERATE_FSDP) is not None:
+        _fsdp_exported_by_a_trainer = True
 
 
 def shard_where_accelerate_would_not(accelerator: Any, args: Any) -> bool:

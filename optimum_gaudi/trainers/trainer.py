@@ -47,6 +47,7 @@ from ..distributed.fsdp import (
     check_fp8_under_fsdp,
     check_fsdp_arguments,
     check_sum_reductions,
+    fsdp_of_this_run_only,
     gather_in_bf16,
     reduce_with_sum,
     shard_where_accelerate_would_not,
@@ -290,7 +291,8 @@ class GaudiTrainerMixin(TrainerShims):
 
     def create_accelerator_and_postprocess(self) -> None:
         check_report_to(self.args)  # where transformers fails for it, early in Trainer.__init__ (every release)
-        super().create_accelerator_and_postprocess()
+        with fsdp_of_this_run_only(self.args):  # not an earlier trainer's of this process
+            super().create_accelerator_and_postprocess()
         if shard_where_accelerate_would_not(self.accelerator, self.args):  # --fsdp on CPU processes: FSDP, not DDP
             self.is_fsdp_enabled = True
             check_fsdp_arguments(self.accelerator, self.args)

@@ -4,7 +4,8 @@
 each mode, at the same global batch (8 rows a step), so a test compares sharded, replicated and one-process runs
 case by case. MODES `resume` instead trains a Llama with FSDP and the Gaudi features on whatever device the run
 has (the simulated Gaudi in the tests), saving sharded checkpoints, then resumes from the first one; then the same
-under DDP, and an fp8 (Transformer Engine) training under DDP saved and resumed.
+under DDP, and an fp8 (Transformer Engine) training under DDP saved and resumed; started without torchrun, the same
+training on one process.
 """
 
 import json
@@ -48,11 +49,9 @@ CASES = {
 
 
 def fresh_state() -> None:
-    """Each training its own accelerator state (FSDP's plugin is kept there) and none of the ACCELERATE_*
-    variables an earlier one's arguments exported (ACCELERATE_USE_FSDP would give a DDP run a plugin)."""
+    """Each training its own accelerator state (FSDP's plugin is kept there). The ACCELERATE_USE_FSDP an earlier
+    FSDP run made accelerate export stays, as in a user's session: the trainer itself must not inherit it."""
     AcceleratorState._reset_state()
-    for name in [name for name in os.environ if name.startswith(("ACCELERATE_", "FSDP_"))]:
-        del os.environ[name]
 
 
 def run_case(name: str, mode: str, out_dir: str) -> dict:
@@ -121,19 +120,23 @@ def final_model(trainer: GaudiTrainer, folder: str) -> dict:
 def resume(out_dir: str) -> dict:
     """4 steps saving SHARDED_STATE_DICT checkpoints every 2, then the last 2 again from checkpoint-2; then the same
     4 steps under DDP, whose gradients FSDP's must equal (each rank's batch, averaged over the ranks). The loss is
-    the fused linear cross-entropy's (the head gathered for it under FSDP)."""
+    the fused linear cross-entropy's (the head gathered for it under FSDP). On one process (WORLD_SIZE unset) only
+    the same training on the one device, its whole batch of 8 rows a step at once ("one")."""
     with open(HABANA_FSDP_CONFIG, encoding="utf-8") as f:
         fsdp_config = {**json.load(f), "fsdp_state_dict_type": "SHARDED_STATE_DICT"}
     config = GaudiConfig(use_fused_adam=True, use_fused_clip_norm=True, use_torch_autocast=True,
                          use_fused_linear_cross_entropy=True)  # fmt: skip
     runs = {}
     checkpoint_2 = os.path.join(out_dir, "whole", "checkpoint-2")
-    for name, checkpoint in (("whole", None), ("resumed", checkpoint_2), ("ddp", None)):
-        sharding = {} if name == "ddp" else {"fsdp": "auto_wrap", "fsdp_config": fsdp_config}
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    plan = (("whole", None), ("resumed", checkpoint_2), ("ddp", None)) if world > 1 else (("one", None),)
+    for name, checkpoint in plan:
+        sharding = {} if name in ("ddp", "one") else {"fsdp": "auto_wrap", "fsdp_config": fsdp_config}
         args = GaudiTrainingArguments(
             output_dir=os.path.join(out_dir, name), max_steps=4, logging_steps=1, save_steps=2, report_to="none",
             train_sampling_strategy="sequential", learning_rate=1e-3, seed=0, disable_tqdm=True, use_habana=True,
-            per_device_train_batch_size=4, bf16=True, save_strategy="no" if name == "ddp" else "steps", **sharding,
+            per_device_train_batch_size=GLOBAL_BATCH // world, bf16=True,
+            save_strategy="steps" if sharding else "no", **sharding,
         )  # fmt: skip
         fresh_state()
         trainer = GaudiTrainer(model=tiny.llama(), args=args, train_dataset=tiny.lm_data(), gaudi_config=config)
@@ -152,10 +155,12 @@ def resume(out_dir: str) -> dict:
             "grad_norms": [h["grad_norm"] for h in logs],
             "optimizer": type(trainer.optimizer.optimizer).__name__,
             "device": str(next(trainer.model.parameters()).device),
+            "sharded": trainer.is_fsdp_enabled,
             "memory": {k: v for k, v in logs[-1].items() if "memory" in k},
         }
     saved = Path(out_dir, "whole", "checkpoint-2")
-    runs["checkpoint"] = sorted(str(p.relative_to(saved)) for p in saved.rglob("*") if p.is_file())
+    if saved.is_dir():
+        runs["checkpoint"] = sorted(str(p.relative_to(saved)) for p in saved.rglob("*") if p.is_file())
     return runs
 
 
@@ -196,7 +201,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     if modes == ["resume"]:
         results = resume(os.path.dirname(out))
-        results["fp8"] = fp8_per_rank(os.path.dirname(out))
+        if "WORLD_SIZE" in os.environ:  # not on the one-process reference
+            results["fp8"] = fp8_per_rank(os.path.dirname(out))
     else:
         results = {mode: {name: run_case(name, mode, os.path.join(os.path.dirname(out), mode)) for name in names}
                    for mode in modes}  # fmt: skip

@@ -4,7 +4,8 @@ Follows ``core/step_closure.py``: ``mark_step`` is decorated with ``lazy_only`` 
 so in eager mode it is a no-op chosen at import (recorded here as ``core.mark_step.noop``). In lazy mode
 each call is recorded with a running step-boundary number. Also follows ``core/__init__.py`` in loading
 the torch.compile backend ``hpu_backend`` (``dynamo.compile_backend``) in eager mode only and, where the
-simulated plugin is a device (FAKE_HPU_DEVICE=1), registering ``torch.hpu``.
+simulated plugin is a device (FAKE_HPU_DEVICE=1), registering ``torch.hpu``, and in replacing torch's
+process-group functions (``overwrite_torch_functions``: ``torch_overwrites.py``).
 """
 
 import habana_frameworks as _hf
@@ -12,6 +13,7 @@ from habana_frameworks import _device
 
 from .. import hpu
 from ..utils.internal import is_lazy, lazy_only
+from .torch_overwrites import overwrite_torch_functions
 
 
 def mark_step(device_str="", sync=False):
@@ -27,3 +29,4 @@ if not is_lazy():  # core/__init__.py: the torch.compile backend is initialized 
 
 if _device.loaded():  # core/__init__.py: torch._register_device_module("hpu", hpu)
     _device.register_module(hpu)
+overwrite_torch_functions()  # core/__init__.py, on every import of the bridge

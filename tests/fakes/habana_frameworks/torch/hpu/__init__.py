@@ -8,13 +8,16 @@ wrap_in_hpu_graph, from ``hpu/graphs.py``) is exported only when the bridge is i
 dynamic-shape support (here a flag, initially PT_HPU_ENABLE_REFINE_DYNAMIC_SHAPES=1 or not; per thread in lazy
 mode, as ``backend/helpers/dynamic_shape_info.cpp`` keeps it).
 
-FAKE_HPU_DEVICE_COUNT (default 1) sets how many Gaudis the simulator reports; 0 simulates a machine
-with the bridge installed but no device.
+FAKE_HPU_DEVICE_COUNT (default 1) sets how many Gaudis the machine has (``device_count``, the bridge's
+synDeviceGetCount, closed source); 0 simulates a machine with the bridge installed but no device.
 
-As the real module, it also exports the random API (``from .random import *``), ``set_device`` (an index
-below the device count), ``init`` / ``_lazy_init`` / ``is_initialized``, ``is_bf16_supported`` (true where a
-device is) and the autocast queries; with the simulated device (FAKE_HPU_DEVICE=1) ``set_device`` moves the
-process to that device and the autocast state is torch's for device type 'hpu'.
+One device per process, as the bridge: the process opens one Gaudi, its module HLS_MODULE_ID, which torch
+sees as hpu:0 (``backend/habana_device/HPUDevice.cpp``), so ``current_device()`` is 0 and ``set_device``
+only checks and remaps the index it is given to that module, in the environment (``hpu/__init__.py``).
+
+As the real module, it also exports the random API (``from .random import *``), ``init`` / ``_lazy_init`` /
+``is_initialized``, ``is_bf16_supported`` (true where a device is) and the autocast queries; with the simulated
+device (FAKE_HPU_DEVICE=1) the autocast state is torch's for device type 'hpu'.
 """
 
 import contextlib
@@ -24,9 +27,15 @@ import threading
 import torch
 
 import habana_frameworks as _hf
-from habana_frameworks import _device
 
 from ..utils.internal import is_lazy
+from ._utils import (
+    HABANA_VISIBLE_MODULES_VAR,
+    HLS_MODULE_ID_VAR,
+    _get_available_modules_from_environ,
+    _get_device_index,
+    _get_module_id_from_environ,
+)
 from .memory import (  # noqa: F401
     max_memory_allocated,
     mem_get_info,
@@ -70,9 +79,16 @@ def device_count() -> int:
 
 
 def current_device() -> int:
+    """``_hpu_C.current_device()``: the id of the device the process acquired, which the bridge's guard and
+    allocator check to be 0 (``HPUGuardImpl.h``, ``HPUAllocator.cpp``). Asking initializes the device, as
+    ``hpu/__init__.py`` does (DeviceMesh then keeps it)."""
     _hf.record("hpu.current_device")
-    _lazy_init()  # as hpu/__init__.py: asking for the device initializes it (DeviceMesh then keeps it)
-    return int(torch.ops.fake_hpu.current_device()) if _device.loaded() else 0
+    return _current_device()
+
+
+def _current_device() -> int:
+    _lazy_init()
+    return 0
 
 
 def get_device_name(device=None) -> str:
@@ -105,36 +121,55 @@ def is_initialized() -> bool:
 
 
 def set_device(device) -> None:
-    from .memory import _check_device
-
-    index = _check_device(device)
+    """``hpu/__init__.py``: nothing moves (the process has one Gaudi); the index is checked against the visible
+    modules and, with HLS_MODULE_ID set, taken as that module whatever it was; without HLS_MODULE_ID or
+    HABANA_VISIBLE_MODULES on a machine of fewer than 8 Gaudis only index 0 is allowed, else the module is
+    exported as HLS_MODULE_ID. The index is kept for ``device``'s context."""
+    index = _get_device_index(device, optional=True)
     _hf.record("hpu.set_device", index=index)
-    if _device.loaded():
-        torch.ops.fake_hpu.set_device(index)
+    available = _get_available_modules_from_environ()
+    if index not in available and index > len(available):
+        raise AssertionError(f"Trying to open device with idx={index} when only {available} are avaliable)")
+    module = _get_module_id_from_environ()
+    if module >= 0:
+        for position in range(device_count()):
+            if available[position] == module:
+                index = position
+                break
+        assert available[index] == module, (
+            f"Requested module_id={available[index]} is different from current_module_id={module} "
+            "which was previously set."
+        )
+    if module == -1 and HABANA_VISIBLE_MODULES_VAR not in os.environ and device_count() < 8:
+        assert index == 0, f"As {HABANA_VISIBLE_MODULES_VAR} is not provided, the only supported device idx is 0."
+    else:
+        os.environ[HLS_MODULE_ID_VAR] = str(available[index])
+    set_device.current_device_idx = index
+
+
+set_device.current_device_idx = -1
 
 
 class device:
-    """``hpu/__init__.py``'s context manager (torch.load with an hpu ``map_location`` enters it): a process opens
-    one Gaudi, so an index other than 0 must be the process's own module (HLS_MODULE_ID), else AssertionError;
-    entering selects that module."""
+    """``hpu/__init__.py``'s context manager (torch.load with an hpu ``map_location`` and torch's checkpointing
+    enter it): a process opens one Gaudi, so an index other than 0 must be the process's own module
+    (HLS_MODULE_ID), else AssertionError; entering selects that module with ``set_device``."""
 
     def __init__(self, device) -> None:
-        from torch._utils import _get_device_index
-
         index = _get_device_index(device, optional=True)
-        module = int(os.environ.get("HLS_MODULE_ID", "-1"))
+        module = _get_module_id_from_environ()
         if index != 0 and index != module:
             raise AssertionError(f"Requested device_id={index} is different from env_device_id={module}")
         self.idx, self.prev_idx = module, -1
 
     def __enter__(self):
-        self.prev_idx = current_device() if _device.loaded() else -1
+        self.prev_idx = set_device.current_device_idx
         if self.idx != -1 and self.idx != self.prev_idx:
             set_device(self.idx)
 
     def __exit__(self, *exc) -> bool:
         if self.prev_idx not in (-1, self.idx):
-            set_device(self.prev_idx)
+            set_device(self.idx)  # sic: the bridge selects its own module again, not the previous index
         return False
 
 
@@ -155,7 +190,8 @@ class Event(torch.Event):
 def current_stream(device=None) -> Stream:
     from .memory import _check_device
 
-    return Stream(device=torch.device("hpu", _check_device(device)))
+    _check_device(device)
+    return Stream(device=torch.device("hpu", 0))
 
 
 default_stream = current_stream

@@ -12,8 +12,6 @@ bytes of live hpu tensors, their peak since the last reset and its allocation co
 
 import os
 
-import torch
-
 import habana_frameworks as _hf
 from habana_frameworks import _device
 
@@ -44,18 +42,12 @@ def _process_peak() -> int:
 
 
 def _check_device(device) -> int:
-    """``_get_device_index(device, optional=True)`` (``hpu/_utils.py``): an int as it is, a str or
-    torch.device of type hpu (no index: the current device); any other device type is a ValueError."""
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.type != "hpu":
-            raise ValueError(f"Expected a hpu device, but got: {device}")
-        device = device.index
-    current = int(torch.ops.fake_hpu.current_device()) if _device.loaded() else 0
-    index = current if device is None else device
-    count = int(os.environ.get("FAKE_HPU_DEVICE_COUNT", "1"))
-    if index < 0 or index >= count:
+    """``_get_device_index(device, optional=True)`` (``hpu/_utils.py``; no index: the current device, 0), then
+    ``0 <= index < device_count()`` (``hpu/memory.py``: else "Invalid device id")."""
+    from ._utils import _get_device_index
+
+    index = _get_device_index(device, optional=True)
+    if index < 0 or index >= int(os.environ.get("FAKE_HPU_DEVICE_COUNT", "1")):
         raise AssertionError("Invalid device id")
     return index
 

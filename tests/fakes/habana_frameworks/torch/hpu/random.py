@@ -2,7 +2,9 @@
 
 Follows ``hpu/random.py`` of HabanaAI/gaudi-pytorch-bridge: one default generator (device 0 only);
 ``manual_seed`` takes ``int(seed)``; ``manual_seed_all`` is ``manual_seed``; ``get_rng_state`` /
-``set_rng_state`` read and restore its state as a tensor; ``get_rng_state_all`` is a list of that one state and
+``set_rng_state`` read and restore its state as a tensor, for the device they name (default "hpu": the current
+device, 0), which must be device 0 (RuntimeError "hpu get_rng_state supports only device 0" for hpu:1 or 1, even
+where that is the process's own module; ValueError for a device of another type: ``hpu/_utils.py``); ``get_rng_state_all`` is a list of that one state and
 ``set_rng_state_all`` takes exactly one (transformers' checkpoints of a multi-process run use them). Here the generator is a CPU ``torch.Generator`` (the
 simulator's ops draw from torch's CPU generator, so tests also advance it with ``draw``); seeding and state
 changes are recorded.
@@ -35,12 +37,21 @@ def initial_seed() -> int:
     return int(torch.ops.fake_hpu.initial_seed()) if _device.loaded() else _generator.initial_seed()
 
 
+def _only_device_0(device, what: str) -> None:
+    from ._utils import _get_device_index
+
+    if _get_device_index(device, optional=True) != 0:
+        raise RuntimeError(f"hpu {what} supports only device 0")
+
+
 def get_rng_state(device="hpu") -> torch.Tensor:
+    _only_device_0(device, "get_rng_state")
     _hf.record("hpu.random.get_rng_state")
     return torch.ops.fake_hpu.get_rng_state() if _device.loaded() else _generator.get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device="hpu") -> None:
+    _only_device_0(device, "set_rng_state")
     _hf.record("hpu.random.set_rng_state")
     if _device.loaded():
         torch.ops.fake_hpu.set_rng_state(new_state)

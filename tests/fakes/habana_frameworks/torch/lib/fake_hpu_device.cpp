@@ -6,8 +6,8 @@
 // memory, so every CPU kernel can run on them. What it registers:
 // - an allocator for DeviceType::HPU (c10::SetAllocator), counting live and peak bytes for torch.hpu's
 //   memory API;
-// - a device guard with one device and one stream (C10_REGISTER_GUARD_IMPL), so the autograd engine,
-//   torch.device('hpu') contexts and torch.hpu.set_device work;
+// - a device guard with one device (hpu:0, the process's one Gaudi) and one stream (C10_REGISTER_GUARD_IMPL),
+//   so the autograd engine and torch.device('hpu') contexts work;
 // - kernels on the HPU key for factories, copies, resizing and the view ops, which must alias their input;
 // - every other aten op: a boxed fallback that runs the CPU kernel on CPU aliases of the same memory (no
 //   copy), then hands the results back as hpu tensors sharing that memory. In-place and out= ops therefore
@@ -38,24 +38,15 @@ namespace {
 
 constexpr c10::DeviceType kHpu = c10::DeviceType::HPU;
 
-// FAKE_HPU_DEVICE_COUNT devices (default 1); each process works on its current one (set_device), as one
-// rank per Gaudi does.
-int device_count_from_env() {
-  const char* v = std::getenv("FAKE_HPU_DEVICE_COUNT");
-  int n = v == nullptr ? 1 : std::atoi(v);
-  return n < 1 ? 1 : n;
-}
-const int kDeviceCount = device_count_from_env();
-// The process's device (torch.hpu.set_device) and, as torch expects of a device guard, a per-thread override:
-// the autograd engine's worker thread for each device sets its own without moving the process.
-std::atomic<int> process_index{0};
-thread_local int thread_index = -1;
-int current_index() { return thread_index >= 0 ? thread_index : process_index.load(); }
-c10::Device current() { return c10::Device(kHpu, static_cast<c10::DeviceIndex>(current_index())); }
-void check_index(int index) {
-  TORCH_CHECK(index >= -1 && index < kDeviceCount, "fake hpu: device hpu:", index, " does not exist (", kDeviceCount,
-              " device(s))");
-}
+// One device per process, as the bridge has it: the process opens one Gaudi (its module, HLS_MODULE_ID) and torch
+// sees it as hpu:0 whatever the module. backend/habana_device/HPUDevice.cpp get_or_create_aten_device() answers
+// {kHPU, 0}; HPUAllocator.cpp's storages carry device index allocator_active_device_id, TORCH_CHECKed to be 0;
+// HPUGuardImpl.h's deviceCount() is 1 and exchangeDevice to another index fails its check. How many Gaudis the
+// machine has is torch.hpu.device_count()'s answer (synDeviceGetCount, Python side), not the guard's.
+c10::Device current() { return c10::Device(kHpu, 0); }
+// HPUGuardImpl.h exchangeDevice: an index other than the current one (0) becomes the allocator's active device,
+// which TORCH_CHECK requires to be 0.
+void check_active(int index) { TORCH_CHECK(index == 0, "habana active device: ", index, " != 0"); }
 
 std::atomic<int64_t> live_bytes{0};
 std::atomic<int64_t> peak_bytes{0};
@@ -97,18 +88,18 @@ HostBackedHpuAllocator hpu_allocator;
 
 struct OneDeviceGuard final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kHpu; }
+  // HPUGuardImpl.h: exchangeDevice to another index than 0 fails ("habana active device: N != 0"); setDevice
+  // takes any index and changes nothing (its comment: "there is always 1 device in play"); uncheckedSetDevice
+  // warns about an index other than 0.
   c10::Device exchangeDevice(c10::Device d) const override {
     auto old = getDevice();
-    setDevice(d);
+    if (old.index() != d.index()) check_active(d.index());
     return old;
   }
   c10::Device getDevice() const override { return current(); }
-  void setDevice(c10::Device d) const override {
-    check_index(d.index());
-    if (d.index() >= 0) thread_index = d.index();
-  }
+  void setDevice(c10::Device) const override {}
   void uncheckedSetDevice(c10::Device d) const noexcept override {
-    if (d.index() >= 0 && d.index() < kDeviceCount) thread_index = d.index();
+    if (d.index() != 0) TORCH_WARN("habana active device: ", d.index(), " != 0");
   }
   c10::Stream getStream(c10::Device d) const override {
     return c10::Stream(c10::Stream::DEFAULT, d.has_index() ? d : current());
@@ -117,7 +108,7 @@ struct OneDeviceGuard final : c10::impl::DeviceGuardImplInterface {
   c10::Stream getNewStream(c10::Device d, int) const override { return getStream(d); }
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return getStream(d); }
   c10::Stream exchangeStream(c10::Stream s) const override { return getStream(current()); }
-  c10::DeviceIndex deviceCount() const noexcept override { return kDeviceCount; }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }  // HPUGuardImpl.h
   // Work is synchronous: events are always complete and there is nothing to wait for.
   void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
   void block(void*, const c10::Stream&) const override {}
@@ -143,16 +134,14 @@ struct HPUHooks final : at::HPUHooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return true; }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
-  c10::DeviceIndex deviceCount() const override { return kDeviceCount; }
-  c10::DeviceIndex getCurrentDevice() const override { return current().index(); }
-  void setCurrentDevice(c10::DeviceIndex d) const override {
-    check_index(d);
-    thread_index = d;
-  }
+  // One device in the process (the bridge's own hooks, HPUHooksInterface.cpp, answer every device query from
+  // its guard, HPUGuardImpl.h).
+  c10::DeviceIndex deviceCount() const override { return 1; }
+  c10::DeviceIndex getCurrentDevice() const override { return 0; }
+  void setCurrentDevice(c10::DeviceIndex) const override {}
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
-    auto old = getCurrentDevice();
-    setCurrentDevice(d);
-    return old;
+    if (d != 0) check_active(d);
+    return 0;
   }
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override { return exchangeDevice(d); }
   c10::Device getDeviceFromPtr(void*) const override { return current(); }
@@ -200,28 +189,17 @@ at::Tensor hpu_alias(const at::Tensor& t) {
   return out;
 }
 
-// Allocations land on the device asked for (hpu:N), else on the current one.
-struct OnDevice {
-  int saved = thread_index;
-  explicit OnDevice(const std::optional<at::Device>& device) {
-    if (device.has_value() && device->has_index()) {
-      check_index(device->index());
-      thread_index = device->index();
-    }
-  }
-  ~OnDevice() { thread_index = saved; }
-};
-
+// Allocations land on the process's one device, hpu:0, whatever index a factory names: the storage carries the
+// allocator's device (HPUAllocator.cpp CreateDataPtr, index allocator_active_device_id, which is 0). The bridge's
+// factory kernels themselves (empty_hpu_lazy, the eager empty) are not published: closed source.
 at::Tensor empty_hpu(c10::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout>,
                      std::optional<at::Device> device, std::optional<bool>, std::optional<at::MemoryFormat> fmt) {
-  OnDevice on(device);
   return at::detail::empty_generic(size, &hpu_allocator, c10::DispatchKeySet(c10::DispatchKey::HPU),
                                    c10::dtype_or_default(dtype), fmt);
 }
 
 at::Tensor empty_strided_hpu(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
                              std::optional<at::Layout>, std::optional<at::Device> device, std::optional<bool>) {
-  OnDevice on(device);
   return at::detail::empty_strided_generic(size, stride, &hpu_allocator,
                                            c10::DispatchKeySet(c10::DispatchKey::HPU), c10::dtype_or_default(dtype));
 }
@@ -592,13 +570,7 @@ TORCH_LIBRARY(fake_hpu, m) {
   m.def("num_allocs() -> int", [] { return allocations.load(); });
   m.def("set_autocast_lists(str[] lower, str[] fp32) -> ()", set_autocast_lists);
   m.def("route_cpu_kernels() -> int", route_cpu_kernels);
-  m.def("set_device(int index) -> ()", [](int64_t index) {
-    check_index(static_cast<int>(index));
-    process_index = static_cast<int>(index);
-    thread_index = -1;
-  });
   m.def("set_lazy(bool lazy) -> ()", [](bool lazy) { lazy_mode = lazy; });
-  m.def("current_device() -> int", [] { return static_cast<int64_t>(current_index()); });
   m.def("get_rng_state() -> Tensor", [] { return hpu_generator().get_state(); });
   m.def("set_rng_state(Tensor state) -> ()", [](const at::Tensor& state) { hpu_generator().set_state(state); });
   m.def("manual_seed(int seed) -> ()", [](int64_t seed) { hpu_generator().set_current_seed(seed); });

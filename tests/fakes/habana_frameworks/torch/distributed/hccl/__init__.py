@@ -37,10 +37,11 @@ from . import _maps
 census: set[tuple] = set()
 # frames that say nothing about who issued a collective: the simulator, torch's c10d front end, decorators
 _PLUMBING = ("habana_frameworks", "torch.distributed.distributed_c10d", "torch.distributed.c10d_logger",
-             "torch.utils._contextlib", "contextlib", "functools", "torch.autograd", "torch._tensor")  # fmt: skip
+             "torch.utils._contextlib", "contextlib", "functools", "torch.autograd", "torch._tensor",
+             "torch._dynamo.eval_frame")  # fmt: skip
 
 
-def _issuers(limit: int = 12) -> tuple[str, ...]:
+def _issuers(limit: int = 40) -> tuple[str, ...]:
     """``module:function`` of the frames on the Python stack below the collective, innermost first (each once)."""
     found: list[str] = []
     frame = sys._getframe(1)
@@ -290,6 +291,18 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
     def barrier(self, opts=None):
         _hf.record("distributed.hccl.barrier")
         return self._gloo.barrier(opts or dist.BarrierOptions())
+
+
+# What torch's C++ calls on the group (its ProcessGroup trampoline): on the bridge these are C++ (ProcessGroupHCCL.cpp,
+# process_group_hccl_base.cpp), which dynamo never sees. Here they are Python frames, which a compiled region's frame
+# hook would try to trace when a collective the region graph-broke on (DDP's buffer broadcast in the forward, an
+# all-to-all in attention) calls back into them, and fail on the group as an opaque object. Each is marked for dynamo
+# to leave alone, so a compiled model meets this group as it meets the C++ one.
+_ENTRY_POINTS = ("getBackendName", "allreduce", "broadcast", "allgather", "_allgather_base", "all_gather_single",
+                 "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "allreduce_coalesced",
+                 "alltoall_base", "_reduce_scatter_base", "reduce_scatter_single", "gather", "scatter", "barrier")  # fmt: skip
+for _name in _ENTRY_POINTS:
+    setattr(_ProcessGroupHCCL, _name, torch.compiler.disable(getattr(_ProcessGroupHCCL, _name)))
 
 
 # distributed/hccl/__init__.py COLLECTIVE_BASE_NAMES: a torch.distributed function whose name holds one of these
