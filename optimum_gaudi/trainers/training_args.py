@@ -26,10 +26,10 @@ from ..devices.hpu import bridge_installed, prepare_bridge
 from ..distributed import sequence_parallel
 from ..distributed.fsdp import fsdp2_config, read_fsdp_config
 from ..distributed.host_group import honour_timeout
-from ..distributed.watchdog import enable_flight_recorder
 from ..errors import UserError
 from ..features import attention
 from ..features.compilation import apply_dynamo_options, check_compile_flags, compile_choice_problem
+from ..launch.ranks import enable_flight_recorder
 from .nonfinite import ON_NONFINITE
 from .removed_args import RemovedTrainingArguments, apply_removed_arguments
 from .use_cache import UseCacheOffTheCommandLine
