@@ -77,6 +77,7 @@ from ..features.unused_parameters import unused_parameters
 from .checkpoint_size import check_room_for_a_checkpoint
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .events import InternalCallbackHandler
+from .internals import check_internals
 from .nonfinite import NonFiniteGuard
 from .preemption import Preemption, exit_after_checkpoint
 from .stragglers import Stragglers
@@ -195,6 +196,7 @@ class GaudiTrainerMixin(TrainerShims):
         elif gaudi_config is not None and not isinstance(gaudi_config, GaudiConfig):
             gaudi_config = GaudiConfig.from_pretrained(gaudi_config)
         self.gaudi_config: GaudiConfig = gaudi_config or args.gaudi_config or GaudiConfig()
+        check_internals(args, self.gaudi_config)  # other libraries' internals the features use (internals.py)
         self.gaudi_device = args.gaudi_device
         self._grad_allreduce: FusedGradientAllReduce | None = None
         self._lazy_mark_step = self.gaudi_device.mark_step if args.use_lazy_mode else None
