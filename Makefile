@@ -41,7 +41,8 @@ test-deepspeed:
 		&& $(DS_VENV)/bin/pip install -q -e ".[tests,deepspeed]" && touch $(DS_VENV)/.installed; }
 	$(DS_VENV)/bin/python -m pytest -q tests/test_deepspeed.py
 
-# The core suite on the oldest supported transformers and the newest, each in .venv-compat/<version>;
+# The core suite on the oldest supported transformers and the newest (with the newest accelerate and peft), each in
+# .venv-compat/<version>; the core suite includes tests/test_internals.py (the internals the package relies on);
 # COMPAT_VERSIONS="5.4.0 5.10.4" picks others, test-compat-all takes every 5.x minor release and 4.57.
 COMPAT_VERSIONS ?=
 test-compat:

@@ -37,16 +37,20 @@ MOVED = {
     "optimum_gaudi.tasks": "optimum_gaudi.data.tasks",
     "optimum_gaudi.rouge": "optimum_gaudi.data.rouge",
     "optimum_gaudi.plot": "optimum_gaudi.cli.plot",
-    "optimum_gaudi.launch": "optimum_gaudi.cli.launch",
-    "optimum_gaudi.distributed.launch": "optimum_gaudi.distributed.launcher",
+    "optimum_gaudi.distributed.launch": "optimum_gaudi.launch.launcher",
+    # 0.2: the launcher left distributed/ (python -m optimum_gaudi.launch, 0.1's path, is launch/__main__.py)
+    "optimum_gaudi.distributed.launcher": "optimum_gaudi.launch.launcher",
+    "optimum_gaudi.distributed.launch_plan": "optimum_gaudi.launch.plan",
+    "optimum_gaudi.distributed.torchrun": "optimum_gaudi.launch.torchrun",
+    "optimum_gaudi.configuration.launch_env": "optimum_gaudi.launch.environment",
 }
 PUBLIC = {
     "optimum_gaudi.trl": "optimum_gaudi.trainers.trl",
     # optimum-habana's `optimum.habana.utils` (set_seed, check_optimum_habana_min_version, ...)
     "optimum_gaudi.utils": "optimum_gaudi.trainers.habana_compat",
 }
-# Old paths that were run with `python -m`: the subcommand of `optimum-gaudi` each one ran.
-RUNNABLE = {"optimum_gaudi.launch": "launch"}
+# Old paths that are run with `python -m` (a job script may hold the command `launch --dry_run` printed).
+RUNNABLE = ("optimum_gaudi.distributed.torchrun",)
 
 
 def moved_message(old: str, new: str) -> str:
@@ -67,15 +71,14 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         sys.modules[old] = importlib.import_module(new)  # the import statement returns what sys.modules holds
 
     def get_code(self, fullname: str) -> CodeType:
-        """What ``python -m OLD_PATH`` runs (runpy asks the loader for code)."""
-        command = RUNNABLE.get(fullname)
-        if command is None:
-            raise ImportError(f"{fullname} cannot be run with python -m; use {MOVED.get(fullname, fullname)}")
+        """What ``python -m OLD_PATH`` runs (runpy asks the loader for code): the new module, as ``__main__``."""
+        new = MOVED.get(fullname, fullname)
+        if fullname not in RUNNABLE:
+            raise ImportError(f"{fullname} cannot be run with python -m; use {new}")
         source = (
-            "import sys, warnings\n"
-            f"warnings.warn({f'python -m {fullname} is now python -m optimum_gaudi {command} (the old path goes in optimum-gaudi {REMOVED_IN}).'!r}, FutureWarning)\n"
-            "from optimum_gaudi.cli import main\n"
-            f"sys.exit(main([{command!r}, *sys.argv[1:]]))\n"
+            "import runpy, warnings\n"
+            f"warnings.warn({f'python -m {fullname} is now python -m {new} (the old path goes in optimum-gaudi {REMOVED_IN}).'!r}, FutureWarning)\n"
+            f"runpy.run_module({new!r}, run_name='__main__', alter_sys=True)\n"
         )
         return compile(source, f"<{fullname}>", "exec")
 

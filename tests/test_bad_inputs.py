@@ -825,7 +825,7 @@ def test_launcher_bad_input_is_one_line(ws, capsys, launcher_env, make_argv, wor
 
 
 def test_launcher_port_in_use_is_one_line_before_anything_starts(ws, capsys, launcher_env, monkeypatch):
-    from optimum_gaudi.distributed import launcher
+    from optimum_gaudi.launch import launcher
 
     monkeypatch.setattr(launcher, "run", lambda *a, **k: pytest.fail("the job was started"))
     with socket.socket() as busy:
@@ -837,7 +837,8 @@ def test_launcher_port_in_use_is_one_line_before_anything_starts(ws, capsys, lau
 
 
 def test_port_taken_after_the_check_is_named_from_the_job_output():
-    from optimum_gaudi.distributed import launch_plan, launcher
+    from optimum_gaudi.launch import launcher
+    from optimum_gaudi.launch import plan as launch_plan
 
     plan = launch_plan.LaunchPlan(backend="torchrun", script="x.py", master_port=29555)
     output = "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "

@@ -688,7 +688,7 @@ def test_run_totals_are_saved_beside_the_state_and_older_checkpoints_still_carry
     for name in (RUN_TOTALS_FILE, MANIFEST_NAME):
         (checkpoint / name).unlink()
     shutil.rmtree(run / "checkpoint-3")
-    output = make_trainer(run, max_steps=4).train(resume_from_checkpoint=True)
+    output = make_trainer(run, max_steps=4, log_throughput_and_memory=True).train(resume_from_checkpoint=True)
     assert output.metrics["train_throughput_steps"] == 4  # steps 1 and 2 carried over
     resaved = json.loads((run / "checkpoint-4" / "trainer_state.json").read_text())
     assert RUN_TOTALS_KEY not in resaved["stateful_callbacks"] and (run / "checkpoint-4" / RUN_TOTALS_FILE).is_file()

@@ -4,6 +4,8 @@ Code written against Trainer inspects and edits callbacks, reads ``state`` and `
 from checkpoints and calls ``evaluate()``/``predict()``; each test runs the same code on both trainers.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 from transformers import DefaultFlowCallback, PrinterCallback, Trainer, TrainerCallback, TrainingArguments
@@ -114,9 +116,8 @@ def test_state_log_history_evaluate_and_predict_match_trainer(tmp_path, tiny_gpt
     assert gaudi.state.global_step == plain.state.global_step == 4
     assert gaudi.state.max_steps == plain.state.max_steps and gaudi.state.epoch == plain.state.epoch
     assert without_measurements(gaudi.state.log_history) == without_measurements(plain.state.log_history)
-    # GaudiTrainer adds keys, all of them measurements, and drops none of Trainer's
-    for ours, theirs in zip(gaudi.state.log_history, plain.state.log_history, strict=True):
-        assert set(theirs) <= set(ours) and all(is_measurement_key(k) for k in set(ours) - set(theirs))
+    # with every Gaudi feature off, exactly Trainer's keys in every entry (no throughput or memory added)
+    assert [set(entry) for entry in gaudi.state.log_history] == [set(entry) for entry in plain.state.log_history]
 
     evaluated = gaudi.evaluate(), plain.evaluate()
     assert set(evaluated[0]) == set(evaluated[1])
@@ -126,6 +127,43 @@ def test_state_log_history_evaluate_and_predict_match_trainer(tmp_path, tiny_gpt
     assert set(predicted[0].metrics) == set(predicted[1].metrics)
     np.testing.assert_allclose(predicted[0].predictions, predicted[1].predictions, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(predicted[0].label_ids, predicted[1].label_ids)
+
+
+@pytest.mark.parametrize(
+    "flags", [{"log_throughput_and_memory": True}, {"throughput_warmup_steps": 1}], ids=["flag", "warmup"]
+)
+def test_the_gaudi_metrics_appear_where_asked_for_and_add_only_measurements(tmp_path, tiny_gpt2, tiny_lm_data, flags):
+    plain, gaudi = both(tmp_path, tiny_gpt2, tiny_lm_data, gaudi_only=flags, max_steps=4, logging_steps=2)
+    for trainer in (plain, gaudi):
+        trainer.train()
+    for ours, theirs in zip(gaudi.state.log_history, plain.state.log_history, strict=True):
+        assert set(theirs) <= set(ours) and all(is_measurement_key(k) for k in set(ours) - set(theirs))
+    losses = [entry for entry in gaudi.state.log_history if "loss" in entry]
+    assert all({"interval_samples_per_second", "memory_allocated (GB)"} <= set(entry) for entry in losses)
+    assert "train_throughput_steps" in gaudi.state.log_history[-1]
+
+
+@pytest.mark.parametrize(
+    ("flags", "on"),
+    [({}, False), ({"use_habana": True}, True), ({"adjust_throughput": True}, True),
+     ({"throughput_warmup_steps": 2, "log_throughput_and_memory": False}, False)],
+)  # fmt: skip
+def test_the_gaudi_metrics_default_to_on_for_a_gaudi_run_or_a_throughput_flag(tmp_path, flags, on):
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), report_to=[], **flags)
+    assert args.log_throughput_and_memory is on
+
+
+def test_transformers_resume_check_passes_with_every_gaudi_feature_off(tmp_path, tiny_gpt2, tiny_lm_data):
+    """transformers' own test_can_resume_training (tests/trainer/test_trainer.py) compares the trainer state of a
+    resumed run with the uninterrupted run's, log entries but for train_runtime, train_samples_per_second,
+    train_steps_per_second and train_loss; the interval speed and memory keys failed it with GaudiTrainer."""
+    whole, _ = resume_run(tmp_path / "whole", tiny_gpt2, tiny_lm_data)
+    resumed, _ = resume_run(tmp_path / "resumed", tiny_gpt2, tiny_lm_data, str(tmp_path / "whole" / "checkpoint-4"))
+    skipped = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss")
+    states = [dataclasses.asdict(trainer.state) for trainer in (whole, resumed)]
+    histories = [[{k: v for k, v in e.items() if k not in skipped} for e in s.pop("log_history")] for s in states]
+    assert states[0] == states[1]
+    assert histories[0] == histories[1]
 
 
 def test_gaudi_config_may_be_a_dict(tmp_path, tiny_gpt2):
@@ -147,7 +185,7 @@ def resume_run(tmp_path, tiny_gpt2, data, resume_from=None, **kwargs):
 
 @pytest.mark.parametrize("warmup", [0, 2])
 def test_a_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, tiny_gpt2, tiny_lm_data, warmup):
-    extra = dict(throughput_warmup_steps=warmup, eval_strategy="steps", eval_steps=4)
+    extra = dict(throughput_warmup_steps=warmup, log_throughput_and_memory=True, eval_strategy="steps", eval_steps=4)
     whole, whole_out = resume_run(tmp_path / "whole", tiny_gpt2, tiny_lm_data, **extra)
     checkpoint = tmp_path / "whole" / "checkpoint-4"
     resumed, resumed_out = resume_run(tmp_path / "resumed", tiny_gpt2, tiny_lm_data, str(checkpoint), **extra)
@@ -173,7 +211,7 @@ def test_restoring_callback_states_sees_only_callbacks(tmp_path, tiny_gpt2, tiny
     monkeypatch.setattr(transformers.trainer.logger, "warning", lambda msg, *a, **k: warnings.append(str(msg)))
     trainer, output = resume_run(
         tmp_path / "resumed", tiny_gpt2, tiny_lm_data, str(tmp_path / "whole" / "checkpoint-2"),
-        max_steps=4, restore_callback_states_from_checkpoint=True,
+        max_steps=4, restore_callback_states_from_checkpoint=True, log_throughput_and_memory=True,
     )  # fmt: skip
     assert not [w for w in warnings if "callbacks not included" in w]
     assert output.metrics["train_throughput_steps"] == 4  # the totals still came through
@@ -187,10 +225,15 @@ def test_resuming_a_checkpoint_written_by_trainer_still_works(tmp_path, tiny_gpt
     plain = Trainer(model=tiny_gpt2(), args=args, train_dataset=tiny_lm_data)
     plain.train()
     trainer, output = resume_run(
-        tmp_path / "gaudi", tiny_gpt2, tiny_lm_data, str(tmp_path / "plain" / "checkpoint-2"), max_steps=4
+        tmp_path / "gaudi",
+        tiny_gpt2,
+        tiny_lm_data,
+        str(tmp_path / "plain" / "checkpoint-2"),
+        max_steps=4,
+        log_throughput_and_memory=True,
     )
     assert trainer.state.global_step == 4 and output.metrics["train_throughput_steps"] == 2  # this call only
-    # steps 3 and 4 continue the Trainer's run exactly (every Gaudi feature is off)
+    # steps 3 and 4 continue the Trainer's run exactly (the Gaudi metrics only log)
     resumed = losses_after(2, trainer.state.log_history)
     assert len(resumed) == 2 and resumed == losses_after(2, plain.state.log_history)
 

@@ -156,8 +156,8 @@ def test_fp16_with_training_graphs_is_one_line(bridge, tmp_path):
 
 
 def test_launch_environment_leaves_lazy_mode_to_the_user(bridge, tmp_path):
-    from optimum_gaudi.configuration.launch_env import launch_environment
     from optimum_gaudi.configuration.op_lists import BF16_LIST_ENV
+    from optimum_gaudi.launch.environment import launch_environment
 
     assert "PT_HPU_LAZY_MODE" not in launch_environment(["--output_dir", "out"], environ={})  # not forced to "0"
     assert launch_environment(["--use_lazy_mode"], environ={})["PT_HPU_LAZY_MODE"] == "1"
@@ -263,7 +263,7 @@ def test_the_launcher_checks_no_op_name_and_imports_no_torch(bridge):
     from conftest import FAKES
 
     code = (
-        "import sys; from optimum_gaudi.configuration.launch_env import launch_environment; "
+        "import sys; from optimum_gaudi.launch.environment import launch_environment; "
         "assert launch_environment(['--gaudi_config_name', 'gpt2']); print('torch' in sys.modules)"
     )
     repo = str(Path(__file__).resolve().parent.parent)

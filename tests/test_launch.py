@@ -22,7 +22,8 @@ from conftest import FAKES
 
 from optimum_gaudi.cli import main
 from optimum_gaudi.configuration.op_lists import BF16_LIST_ENV, FP32_LIST_ENV, LIST_FILES_ENV
-from optimum_gaudi.distributed import launch_plan, launcher
+from optimum_gaudi.launch import launcher
+from optimum_gaudi.launch import plan as launch_plan
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -156,7 +157,7 @@ def test_python_dash_m_launch_refuses_with_exit_code_2_and_one_line():
 
 def test_one_node_defaults(capsys):
     command = dry_run(capsys)
-    assert command[:3] == [sys.executable, "-m", "optimum_gaudi.distributed.torchrun"]  # torchrun, no traceback
+    assert command[:3] == [sys.executable, "-m", "optimum_gaudi.launch.torchrun"]  # torchrun, no traceback
     options = ("--nnodes", "--nproc_per_node", "--node_rank", "--master_addr")
     assert [value(command, o) for o in options] == ["1", "1", "0", "127.0.0.1"]
     assert 1 <= int(value(command, "--master_port")) <= 65535  # a free one, chosen for this run

@@ -23,12 +23,14 @@ ALLOWED = {
     "data": {"errors", "_legacy_paths"},
     "checkpoints": {"errors"},
     "devices": {"errors", "configuration"},
+    "launch": {"errors", "configuration"},  # and no torch: test_the_launcher_loads_without_torch
     "features": {"errors", "configuration", "devices"},
-    "distributed": {"errors", "configuration", "devices"},
-    "trainers": {"errors", "configuration", "devices", "features", "distributed", "checkpoints"},
-    "cli": {"errors", "configuration", "devices", "features", "distributed"},
+    # launch: what the launcher tells its ranks (launch/ranks.py), read by the watchdog
+    "distributed": {"errors", "configuration", "devices", "launch"},
+    "trainers": {"errors", "configuration", "devices", "features", "distributed", "checkpoints", "launch"},
+    "cli": {"errors", "configuration", "devices", "features", "launch"},
     "__init__": {"_legacy_paths", "configuration", "trainers"},
-    "__main__": {"cli"},
+    "__main__": {"cli", "_legacy_paths"},  # `python -m optimum_gaudi` and the 0.1 `python -m optimum_gaudi.launch`
 }
 
 
@@ -72,6 +74,8 @@ def resolve_module(name: str) -> str:
 
 def part_of(module: str) -> str:
     parts = module.split(".")
+    if parts[-1] == "__main__":  # what `python -m` runs: an entry point above everything, whatever folder it is in
+        return "__main__"
     return parts[1] if len(parts) > 1 else "__init__"
 
 
@@ -152,6 +156,19 @@ def test_lazy_and_relative_imports_are_read():
     assert "optimum_gaudi.devices.autocast" in imports
 
 
+def test_the_launcher_loads_without_torch():
+    """With Gaudi software 1.21+ `import torch` loads the bridge: the launcher (and the command line that parses its
+    flags) must not, or the bridge would load in the launcher, before the environment it gives the ranks."""
+    modules = sorted(module_name(p) for p in (PACKAGE / "launch").glob("*.py") if p.name != "__main__.py")
+    code = (
+        f"import importlib, sys\nfor name in {modules!r}: importlib.import_module(name)\n"
+        "from optimum_gaudi.cli import build_parser\nbuild_parser()\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert "optimum_gaudi.launch.launcher" in modules and result.stdout.strip() == "[]"
+
+
 def test_the_architecture_doc_names_every_folder_and_top_level_module():
     doc = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
     tree = doc.split("```", 2)[1]
@@ -161,7 +178,15 @@ def test_the_architecture_doc_names_every_folder_and_top_level_module():
     assert parts - named == set()
 
 
-@pytest.mark.parametrize(("old", "new"), [("optimum_gaudi.graphs", "optimum_gaudi.features.graphs")])
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("optimum_gaudi.graphs", "optimum_gaudi.features.graphs"),
+        ("optimum_gaudi.distributed.launcher", "optimum_gaudi.launch.launcher"),  # 0.2's launcher paths
+        ("optimum_gaudi.distributed.launch_plan", "optimum_gaudi.launch.plan"),
+        ("optimum_gaudi.configuration.launch_env", "optimum_gaudi.launch.environment"),
+    ],
+)
 def test_an_old_module_path_imports_the_new_module_after_one_warning(old, new):
     import importlib
 
@@ -206,3 +231,13 @@ def test_python_dash_m_old_launch_path_still_runs_the_launcher():
     )
     assert result.returncode == 0 and result.stdout.startswith("usage: optimum-gaudi launch")
     assert "python -m optimum_gaudi launch" in result.stderr
+
+
+def test_python_dash_m_old_torchrun_path_still_runs_torchrun():
+    """The command `optimum-gaudi launch --dry_run` printed before the launcher left distributed/ (a job script may
+    hold it) still runs torchrun, after one warning."""
+    result = subprocess.run(
+        [sys.executable, "-m", "optimum_gaudi.distributed.torchrun", "--help"], capture_output=True, text=True, cwd=REPO
+    )
+    assert result.returncode == 0 and "torchrun" in result.stdout and "--nproc-per-node" in result.stdout
+    assert "python -m optimum_gaudi.launch.torchrun" in result.stderr

@@ -29,6 +29,7 @@ def run(tiny_gpt2, data, tmp_path, warmup, **kwargs):
         report_to=[],
         save_strategy="no",
         throughput_warmup_steps=warmup,
+        log_throughput_and_memory=True,  # also with no warm-up
         **kwargs,
     )
     trainer = GaudiTrainer(model=tiny_gpt2(), args=args, train_dataset=data, callbacks=[SlowFirstSteps(3, 0.4)])

@@ -123,7 +123,7 @@ def test_the_data_file_holds_the_readmes_commands_and_says_why_any_is_not_run():
 
 @pytest.mark.parametrize("command_id", sorted(i for i, c in COMMANDS.items() if c.launcher is not None))
 def test_the_launcher_flags_parse_with_ours_and_pass_the_arguments_on(command_id, tmp_path, monkeypatch):
-    from optimum_gaudi.distributed import launch_plan
+    from optimum_gaudi.launch import plan as launch_plan
 
     command = COMMANDS[command_id]
     monkeypatch.setattr(launch_plan, "_deepspeed_executable", lambda environ: "deepspeed")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from optimum_gaudi.cli import main
-from optimum_gaudi.distributed import launch_plan
+from optimum_gaudi.launch import plan as launch_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -1,4 +1,4 @@
-"""``optimum-gaudi launch``: the command line of the multi-process launcher (``distributed/launcher.py``)."""
+"""``optimum-gaudi launch``: the command line of the multi-process launcher (``launch/launcher.py``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from ..errors import CommandError
 
 
 def _run_launch(args: argparse.Namespace) -> int:
-    from ..distributed.launch_plan import LaunchError
-    from ..distributed.launcher import launch
+    from ..launch.launcher import launch
+    from ..launch.plan import LaunchError
 
     try:
         return launch(args)
@@ -18,7 +18,7 @@ def _run_launch(args: argparse.Namespace) -> int:
 
 
 def add_command(subparsers) -> None:
-    from ..distributed import launch_plan
+    from ..launch import plan as launch_plan
 
     parser = subparsers.add_parser(
         "launch",

@@ -178,7 +178,8 @@ def _draw_memory(ax, history: History) -> None:
     if ax.lines:
         _finish(ax, "GB", from_zero=True)
     else:
-        _note(ax, "no memory_allocated (GB) values in the log history:\nmemory panel skipped")
+        hint = "(train with --log_throughput_and_memory)"
+        _note(ax, f"no memory_allocated (GB) values in the log history\n{hint}: memory panel skipped")
 
 
 def plot_run(output_dir: str | os.PathLike, out_path: str | os.PathLike | None = None) -> Path:

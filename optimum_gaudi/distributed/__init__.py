@@ -1,6 +1,8 @@
-"""Multi-card training: the fast_ddp gradient all-reduce, the multi-process launcher and ZeRO-3 leaf modules.
+"""Training-time parallelism: the fast_ddp gradient all-reduce, FSDP, sequence parallelism, the host group, the
+ranks' agreement and progress watchdog, ZeRO-3 leaf modules. The launcher is launch/.
 
-``apply_zero3_leaf_promotion`` is imported on first use, so the launcher's modules load without torch.
+``apply_zero3_leaf_promotion`` is imported on first use, so the package itself loads without torch (the launcher's
+0.2 paths, ``optimum_gaudi.distributed.launcher`` ..., pass through it).
 """
 
 from __future__ import annotations

@@ -44,12 +44,10 @@ from typing import Any
 
 import torch
 
+from ..launch.ranks import STALL_EXIT_CODE, STALL_LINE_ENV
+
 logger = logging.getLogger(__name__)
 
-STALL_EXIT_CODE = 124  # a rank that ended on a stall (as coreutils' timeout exits)
-STALL_LINE_ENV = "OPTIMUM_GAUDI_LAUNCH_STALL"  # optimum-gaudi launch: where the deciding rank leaves its line
-FLIGHT_RECORDER_ENV = "TORCH_FR_BUFFER_SIZE"  # torch's flight recorder: the collectives each group issued
-FLIGHT_RECORDER_ENTRIES = "2000"
 AUTO_FLOOR_SECONDS = 60.0  # the default limit never goes below this
 AUTO_STEP_FACTOR = 10.0  # ... nor below this many times the slowest step seen
 AUTO_PAUSE_FACTOR = 2.0  # ... nor below twice the slowest save or evaluation seen
@@ -452,9 +450,3 @@ def _state(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return None
-
-
-def enable_flight_recorder(environ: dict | os._Environ = os.environ) -> None:
-    """Ask torch to record each group's collectives (read when the first group is made), so a report can name the
-    one a rank waits in; a user's own setting is kept."""
-    environ.setdefault(FLIGHT_RECORDER_ENV, FLIGHT_RECORDER_ENTRIES)

@@ -78,6 +78,7 @@ from ..features.unused_parameters import unused_parameters
 from .checkpoint_size import check_room_for_a_checkpoint
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .events import InternalCallbackHandler
+from .internals import check_internals
 from .nonfinite import NonFiniteGuard
 from .preemption import Preemption, exit_after_checkpoint
 from .stragglers import Stragglers
@@ -105,7 +106,8 @@ class _LoopHooks(TrainerCallback):
         self.trainer = trainer
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.trainer.gaudi_device.reset_peak_memory_stats()  # the run's peak memory, not the process's
+        if args.log_throughput_and_memory:
+            self.trainer.gaudi_device.reset_peak_memory_stats()  # the run's peak memory, not the process's
         self.trainer._run_totals_begin()
 
     def on_optimizer_step(self, args, state, control, **kwargs):
@@ -195,6 +197,7 @@ class GaudiTrainerMixin(TrainerShims):
         elif gaudi_config is not None and not isinstance(gaudi_config, GaudiConfig):
             gaudi_config = GaudiConfig.from_pretrained(gaudi_config)
         self.gaudi_config: GaudiConfig = gaudi_config or args.gaudi_config or GaudiConfig()
+        check_internals(args, self.gaudi_config)  # other libraries' internals the features use (internals.py)
         self.gaudi_device = args.gaudi_device
         self._grad_allreduce: FusedGradientAllReduce | None = None
         self._lazy_mark_step = self.gaudi_device.mark_step if args.use_lazy_mode else None
@@ -811,15 +814,19 @@ class GaudiTrainerMixin(TrainerShims):
         world = self.args.world_size
         data_world = world // self.get_cp_size()  # the ranks splitting a sequence train (and count) one batch
         eval_prefixes = [k.removesuffix("_runtime") for k in logs if k.endswith("_runtime") and k != "train_runtime"]
+        measured = self.args.log_throughput_and_memory  # off: transformers' keys only (a true subclass)
         if "train_runtime" in logs:
-            self._throughput.rewrite(logs, self.state.global_step, data_world)
+            if measured:
+                self._throughput.rewrite(logs, self.state.global_step, data_world)
         elif eval_prefixes:
-            self._throughput.rewrite_eval(logs, eval_prefixes[0], world)
+            if measured:
+                self._throughput.rewrite_eval(logs, eval_prefixes[0], world)
         elif "loss" in logs:
-            logs.update(self._throughput.interval(self.state.global_step, data_world))
-            # each rank's own figures in its own log history (rank 0's are printed): under FSDP or DeepSpeed the
-            # ranks hold different shares, and the largest is the one that runs out
-            logs.update(self.gaudi_device.memory_stats())
+            if measured:
+                logs.update(self._throughput.interval(self.state.global_step, data_world))
+                # each rank's own figures in its own log history (rank 0's are printed): under FSDP or DeepSpeed
+                # the ranks hold different shares, and the largest is the one that runs out
+                logs.update(self.gaudi_device.memory_stats())
             if self._stragglers is not None:  # multi-process runs: a gather on every rank
                 logs.update(self._stragglers.log_keys(self.is_world_process_zero()))
             if self._guard is not None:

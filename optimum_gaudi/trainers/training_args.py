@@ -26,10 +26,10 @@ from ..devices.hpu import bridge_installed, prepare_bridge
 from ..distributed import sequence_parallel
 from ..distributed.fsdp import fsdp2_config, read_fsdp_config
 from ..distributed.host_group import honour_timeout
-from ..distributed.watchdog import enable_flight_recorder
 from ..errors import UserError
 from ..features import attention
 from ..features.compilation import apply_dynamo_options, check_compile_flags, compile_choice_problem
+from ..launch.ranks import enable_flight_recorder
 from .nonfinite import ON_NONFINITE
 from .removed_args import RemovedTrainingArguments, apply_removed_arguments
 from .use_cache import UseCacheOffTheCommandLine
@@ -212,6 +212,16 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
         default=False,
         metadata={"help": "Leave the time spent evaluating, logging and saving out of the training throughput."},
     )
+    log_throughput_and_memory: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Add the Gaudi metrics to the logs: speed after --throughput_warmup_steps over the whole run "
+            "(train_throughput_steps, ...), speed since the previous log (interval_samples_per_second, "
+            "interval_tokens_per_second) and device memory (memory_allocated (GB), ...). Unset: on with --use_habana, "
+            "--throughput_warmup_steps > 0 or --adjust_throughput; otherwise off, and the logs hold exactly "
+            "transformers.Trainer's keys."
+        },
+    )
     ignore_eos: bool = field(
         default=False,
         metadata={
@@ -293,6 +303,10 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
 
     def __post_init__(self) -> None:
         apply_removed_arguments(self)  # transformers 4's arguments on optimum-habana command lines, first
+        if self.log_throughput_and_memory is None:  # a metrics feature asked for, or a Gaudi run (as optimum-habana)
+            self.log_throughput_and_memory = (
+                self.use_habana or self.throughput_warmup_steps > 0 or self.adjust_throughput
+            )
         _paged_adamw_without_bitsandbytes(self)
         # TrainingArguments.__post_init__ would turn torch_compile on from its mode or backend, but only after
         # the checks below ran; apply its rule first so they see the flag the run will really have.

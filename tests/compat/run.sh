@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The core suite on other transformers releases, one venv each under .venv-compat/<version>.
 #
-# usage: tests/compat/run.sh [VERSION ...]     (default: the oldest supported release and the newest)
+# usage: tests/compat/run.sh [VERSION ...]     (default: the oldest supported release and the newest, the newest
+#                                              with the newest accelerate and peft the package index has)
 #        CORE_TESTS=tests/test_trl.py tests/compat/run.sh trl==1.0.0   (another package, pinned)
 #        tests/compat/run.sh accelerate==1.5.0                          (setup.py's accelerate floor)
 #
@@ -14,7 +15,8 @@ cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 ROOT=${COMPAT_ROOT:-.venv-compat}
-CORE_TESTS=${CORE_TESTS:-"tests/test_trainer.py tests/test_training_args.py tests/test_configuration.py tests/test_mixin.py tests/test_seq2seq.py"}
+# test_internals.py: every internal of transformers, accelerate, peft and torch the package relies on, on each release
+CORE_TESTS=${CORE_TESTS:-"tests/test_trainer.py tests/test_training_args.py tests/test_configuration.py tests/test_mixin.py tests/test_seq2seq.py tests/test_internals.py"}
 OLDEST=$(sed -n 's/.*"transformers>=\([0-9.]*\).*/\1/p' setup.py)
 VERSIONS=("$@")
 if [ ${#VERSIONS[@]} -eq 0 ]; then
@@ -46,6 +48,9 @@ for version in "${VERSIONS[@]}"; do
 		echo "import site; site.addsitedir('$(realpath "$site")')" >"$own/compat_base.pth"
 		# pip leaves the base's own copies alone ("outside environment") and installs this release's pins here.
 		"$venv/bin/pip" install -q "$requirement" datasets accelerate 2>&1 | grep -v "outside environment" || true
+		if [ "$version" = "${NEWEST:-}" ]; then # the newest releases of the libraries whose internals are used
+			"$venv/bin/pip" install -q -U accelerate peft 2>&1 | grep -v "outside environment" || true
+		fi
 		"$venv/bin/python" -c "from importlib.metadata import version; import sys; name, wanted = '$requirement'.split('=='); sys.exit(version(name) != wanted)"
 		touch "$venv/.installed"
 	fi
@@ -58,7 +63,9 @@ for version in "${VERSIONS[@]}"; do
 		result=FAILED
 		status=1
 	fi
-	summary+=("$requirement: $result ($(($(date +%s) - start)) s)")
+	libraries=$("$venv/bin/python" -c 'import importlib.metadata as m, importlib.util as u
+print(", ".join(f"{n} {m.version(n)}" for n in ("accelerate", "peft") if u.find_spec(n)))')
+	summary+=("$requirement ($libraries): $result ($(($(date +%s) - start)) s)")
 done
 printf '%s\n' "${summary[@]}"
 exit $status

@@ -67,7 +67,7 @@ def run_case(name: str, mode: str, out_dir: str) -> dict:
         "output_dir": os.path.join(out_dir, name), "max_steps": 4, "logging_steps": 1, "report_to": "none",
         "save_strategy": "no", "train_sampling_strategy": "sequential", "learning_rate": 1e-3, "seed": 0,
         "disable_tqdm": True, "per_device_train_batch_size": GLOBAL_BATCH // world // accumulation,
-        **sharding, **overrides,
+        "log_throughput_and_memory": True, **sharding, **overrides,
     })  # fmt: skip
     fresh_state()
     trainer = GaudiTrainer(model=factory(), args=args, train_dataset=tiny.lm_data(), gaudi_config=GaudiConfig(**config))

@@ -1,6 +1,6 @@
 """Running a launch plan: start the job, pass signals on, watch node 0, and name the rank that failed.
 
-The plan itself (settings, checks, the command line) is made in ``launch_plan.py``.
+The plan itself (settings, checks, the command line) is made in ``plan.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 from ..errors import EXIT_USER_ERROR, LAUNCH_USER_ERROR_ENV
-from .launch_plan import (
+from .plan import (
     DEFAULT_GRACE_PERIOD,
     LaunchError,
     LaunchPlan,
@@ -31,8 +31,8 @@ from .launch_plan import (
     deepspeed_env_file,
     resolve,
 )
+from .ranks import STALL_EXIT_CODE, STALL_LINE_ENV, enable_flight_recorder
 from .torchrun import REPORT_ENV
-from .watchdog import STALL_EXIT_CODE, STALL_LINE_ENV, enable_flight_recorder
 
 STOP_MARGIN_SECONDS = 15.0  # after passing on SIGINT/SIGTERM we wait the ranks' grace period and this, then kill
 MASTER_WATCH_INTERVAL = 5.0  # seconds between two checks that node 0's rendezvous store still answers
@@ -59,7 +59,7 @@ def _how(exitcode: int) -> str:
 
 
 def describe_failure(plan: LaunchPlan, output: str, returncode: int, report: dict | None = None) -> str:
-    """One line naming the rank that failed first: from torchrun's ``report`` (distributed/torchrun.py), else read
+    """One line naming the rank that failed first: from torchrun's ``report`` (launch/torchrun.py), else read
     from the launcher's own report at the end of ``output``."""
     where = f"node {plan.node_rank}" if plan.per_node or plan.nnodes == 1 else "one of the nodes"
     if _PORT_IN_USE.search(output):  # taken between our check and the rendezvous, or on node 0 of several
@@ -336,7 +336,7 @@ def _warn_about_quotes_kept(script_args: Sequence[str]) -> None:
 
 def launch(args: argparse.Namespace) -> int:
     """``optimum-gaudi launch``: raise LaunchError for settings that cannot work, else run the job."""
-    from ..configuration.launch_env import launch_environment
+    from .environment import launch_environment
 
     plan = resolve(args)
     _warn_about_quotes_kept(plan.script_args)
@@ -355,7 +355,9 @@ def launch(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="optimum-gaudi-launch-") as private:
         env = {**os.environ, **bridge_env, REPORT_ENV: os.path.join(private, "failure.json")}
         env[LAUNCH_USER_ERROR_ENV] = os.path.join(private, "user_error.txt")
-        env[STALL_LINE_ENV] = os.path.join(private, "stall.txt")  # the progress watchdog's line (watchdog.py)
+        env[STALL_LINE_ENV] = os.path.join(
+            private, "stall.txt"
+        )  # the progress watchdog's line (distributed/watchdog.py)
         enable_flight_recorder(env)  # its report names the collective each rank waits in
         if plan.backend == "torchrun":  # how long torchrun waits for its ranks after a stop signal
             env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(plan.grace_period)

@@ -406,8 +406,8 @@ def build_command(plan: LaunchPlan, python: str | None = None, environ: Mapping[
     n, w, r = str(plan.nnodes), str(plan.nproc_per_node), str(plan.node_rank)
     addr, port = plan.master_addr, str(plan.master_port)
     if plan.backend == "torchrun":
-        # torchrun, ending without its traceback (distributed/torchrun.py)
-        command = [python, "-m", "optimum_gaudi.distributed.torchrun", "--nnodes", n, "--nproc_per_node", w]
+        # torchrun, ending without its traceback (launch/torchrun.py)
+        command = [python, "-m", "optimum_gaudi.launch.torchrun", "--nnodes", n, "--nproc_per_node", w]
         if plan.max_restarts:  # a restart needs a new rendezvous round, which the static one cannot hold
             command += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{addr}:{port}", "--rdzv_id", f"job-{port}"]
             command += ["--max_restarts", str(plan.max_restarts)]

@@ -1,4 +1,4 @@
-"""torchrun as ``optimum-gaudi launch`` runs it: ``python -m optimum_gaudi.distributed.torchrun TORCHRUN-ARGS``.
+"""torchrun as ``optimum-gaudi launch`` runs it: ``python -m optimum_gaudi.launch.torchrun TORCHRUN-ARGS``.
 
 The same program as ``python -m torch.distributed.run``, except how it ends. When a rank fails, torchrun raises
 ``ChildFailedError`` and Python prints its traceback and failure table after the rank's own error; when it is
