@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import threading
 
@@ -180,6 +181,37 @@ def test_the_watchdog_names_the_rank_behind_and_never_fires_in_the_first_step(tm
     dog._tick()
     assert [v["ranks"] for v in verdicts] == [[1]] and "went on to the next collective" in verdicts[0]["why"]
     assert verdicts[0]["where"] == "after step 1"
+
+
+def test_a_rank_stopped_before_its_watchdogs_first_tick_is_named_as_stopped(tmp_path):
+    """Each watchdog publishes a heartbeat as it starts, so a rank stopped after a few fast steps, before its thread
+    first ticked, is seen (and continued, to write its stacks) as any other; a rank never heard from at all counts
+    as stopped once the first step (which it took part in) ended a limit ago. CI saw the first case named 'rank 0:
+    every rank waits'."""
+    from optimum_gaudi.distributed import watchdog
+
+    store = FakeStore()
+    first = watchdog.Watchdog(store, 1, 2, tmp_path, limit=1.0)
+    first._run = lambda: None  # its thread never ticks: the process stops first
+    first.start()
+    assert json.loads(store.get(first._key("beat/1")))["pid"] == os.getpid()
+    dog, _, verdicts = watchdog_pair(tmp_path)
+    dog._store = first._store
+    dog.step_begin(1)
+    dog.step_end(1)
+    dog._tick()
+    dog._seen[1] = (1, dog._seen[1][1] - 2)  # its first beat, 2 s ago
+    dog._tick()
+    assert [v["ranks"] for v in verdicts] == [[1]] and "stopped running" in verdicts[0]["why"]
+
+    lonely, _, verdicts = watchdog_pair(tmp_path)  # rank 1 never published anything
+    lonely.step_begin(1)
+    lonely.step_end(1)
+    lonely._tick()
+    assert verdicts == []
+    lonely._armed_at -= 2
+    lonely._tick()
+    assert [v["ranks"] for v in verdicts] == [[1]] and "stopped running" in verdicts[0]["why"]
 
 
 def test_a_rank_whose_training_ended_is_not_taken_for_a_stopped_one(tmp_path):

@@ -137,6 +137,7 @@ class Watchdog:
         self._step_began: float | None = None
         self._pause_began: float | None = None
         self._armed = False  # after the first step
+        self._armed_at = 0.0
         self.slowest_step = 0.0
         self.slowest_pause = 0.0
         # the thread's own
@@ -164,9 +165,10 @@ class Watchdog:
         if self._step_began is not None:
             if self._armed:
                 self.slowest_step = max(self.slowest_step, now - self._step_began)
-            elif self._paused == "the first step":
-                self._paused = None
-            self._armed = True
+            else:
+                if self._paused == "the first step":
+                    self._paused = None
+                self._armed, self._armed_at = True, now
         self._step_began = None
         self._progress, self._last_progress = 2 * step, now
 
@@ -199,6 +201,10 @@ class Watchdog:
     # ---- the thread -------------------------------------------------------------------------------------------
 
     def start(self) -> None:
+        """A first heartbeat before training's first step: a rank that stops before its thread's first tick (a
+        few fast steps) is seen, and can be continued, as any other."""
+        with contextlib.suppress(StoreGone):
+            self._publish()
         self._thread = threading.Thread(target=self._run, name="progress-watchdog", daemon=True)
         self._thread.start()
 
@@ -229,15 +235,18 @@ class Watchdog:
     def _key(self, what: str) -> str:
         return f"{self._prefix}/{what}"
 
-    def _tick(self) -> None:
+    def _publish(self) -> None:
         self._beat += 1
-        now = time.monotonic()
         mine = Beat(self._beat, self._progress, _collectives(), self._paused, os.getpid(), self._host)
         self._store("set", self._key(f"beat/{self.rank}"), json.dumps(asdict(mine)))
+
+    def _tick(self) -> None:
+        self._publish()
+        now = time.monotonic()
         if self._store("check", [self._key("verdict")]):
             self._finish(json.loads(self._store("get", self._key("verdict"))), decided=False)
         beats = self._beats(now)  # every tick, paused or not: a peer that stopped running is seen from anywhere
-        frozen = sorted(rank for rank in beats if rank != self.rank and self._frozen(rank, now))
+        frozen = [rank for rank in range(self.world_size) if rank != self.rank and self._frozen(rank, now)]
         if frozen:
             why = "its process stopped running: stopped by a signal or a debugger, or frozen"
             self._decide(beats, frozen, why, where=f"while rank {self.rank} was {_where(self._progress)}")
@@ -280,10 +289,13 @@ class Watchdog:
         return beats
 
     def _frozen(self, rank: int, now: float) -> bool:
-        """No new heartbeat from ``rank`` for the limit (once seen, unless its training ended): its process does not
-        run, whatever it was doing."""
+        """No new heartbeat from ``rank`` for the limit (unless its training ended): its process does not run,
+        whatever it was doing. A rank never heard from counts from the end of this rank's first step, which every
+        rank's first collectives (so its watchdog's start) came before."""
         seen = self._seen.get(rank)
-        return seen is not None and now - seen[1] >= self.limit and self._last_paused.get(rank) != FINISHED
+        if seen is None:
+            return self._armed and now - self._armed_at >= self.limit
+        return now - seen[1] >= self.limit and self._last_paused.get(rank) != FINISHED
 
     # ---- the end ----------------------------------------------------------------------------------------------
 
