@@ -19,14 +19,15 @@ PACKAGE = REPO / "optimum_gaudi"
 ALLOWED = {
     "errors": set(),
     "_legacy_paths": set(),
-    "configuration": {"errors", "_legacy_paths"},
+    "precision": {"errors", "_legacy_paths"},
+    "configuration": {"errors", "_legacy_paths", "precision"},
     "data": {"errors", "_legacy_paths"},
     "checkpoints": {"errors"},
-    "devices": {"errors", "configuration"},
-    "features": {"errors", "configuration", "devices"},
-    "distributed": {"errors", "configuration", "devices"},
-    "trainers": {"errors", "configuration", "devices", "features", "distributed", "checkpoints"},
-    "cli": {"errors", "configuration", "devices", "features", "distributed"},
+    "devices": {"errors", "precision", "configuration"},
+    "features": {"errors", "precision", "configuration", "devices"},
+    "distributed": {"errors", "precision", "configuration", "devices"},
+    "trainers": {"errors", "precision", "configuration", "devices", "features", "distributed", "checkpoints"},
+    "cli": {"errors", "precision", "configuration", "devices", "features", "distributed"},
     "__init__": {"_legacy_paths", "configuration", "trainers"},
     "__main__": {"cli"},
 }
@@ -148,8 +149,8 @@ def test_the_checks_catch_a_device_importing_the_trainer_and_a_circle():
 
 
 def test_lazy_and_relative_imports_are_read():
-    imports = package_imports(PACKAGE / "devices" / "base.py")  # imports .autocast inside a method
-    assert "optimum_gaudi.devices.autocast" in imports
+    imports = package_imports(PACKAGE / "devices" / "base.py")  # imports ..precision.autocast inside a method
+    assert "optimum_gaudi.precision.autocast" in imports
 
 
 def test_the_architecture_doc_names_every_folder_and_top_level_module():
@@ -161,7 +162,14 @@ def test_the_architecture_doc_names_every_folder_and_top_level_module():
     assert parts - named == set()
 
 
-@pytest.mark.parametrize(("old", "new"), [("optimum_gaudi.graphs", "optimum_gaudi.features.graphs")])
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("optimum_gaudi.graphs", "optimum_gaudi.features.graphs"),
+        ("optimum_gaudi.devices.autocast", "optimum_gaudi.precision.autocast"),  # precision's homes before precision/
+        ("optimum_gaudi.configuration.op_lists", "optimum_gaudi.precision.op_lists"),
+    ],
+)
 def test_an_old_module_path_imports_the_new_module_after_one_warning(old, new):
     import importlib
 
@@ -188,15 +196,18 @@ def test_old_module_paths_and_names_keep_working_in_a_fresh_process():
         "    from optimum_gaudi.training_args import GaudiTrainingArguments\n"
         "    from optimum_gaudi.configuration import bundled_config_names\n"
         "    from optimum_gaudi.data import default_tokenizer\n"
+        "    from optimum_gaudi.precision import OpListAutocast\n"  # 0.1's module, now a package
         "moved = [x for x in w if 'moved to' in str(x.message)]\n"
-        "print(len(moved), GaudiTrainingArguments.__module__, bundled_config_names.__module__, default_tokenizer.__module__)\n"
+        "print(len(moved), GaudiTrainingArguments.__module__, bundled_config_names.__module__, default_tokenizer.__module__,"
+        " OpListAutocast.__module__)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True).stdout
     assert out.split() == [
-        "3",
+        "4",
         "optimum_gaudi.trainers.training_args",
         "optimum_gaudi.configuration.gaudi_config",
         "optimum_gaudi.data.corpus",
+        "optimum_gaudi.precision.autocast",
     ]
 
 

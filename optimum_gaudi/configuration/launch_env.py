@@ -1,7 +1,7 @@
 """What the Gaudi bridge must find in the environment of a script that ``optimum-gaudi launch`` starts.
 
-Apart from op_lists.py because it loads the script's Gaudi config: op_lists.py is what the GaudiConfig itself
-uses to hand its lists to the bridge (``GaudiConfig.declare_autocast_bf16_fp32_ops``).
+Apart from precision/op_lists.py because it loads the script's Gaudi config: op_lists.py is what the GaudiConfig
+itself uses to hand its lists to the bridge (``GaudiConfig.declare_autocast_bf16_fp32_ops``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..precision.op_lists import LIST_FILES_ENV, config_uses_op_lists, op_list_environment, resolve_op_lists
 from .gaudi_config import GaudiConfig, GaudiConfigError
-from .op_lists import LIST_FILES_ENV, config_uses_op_lists, op_list_environment, resolve_op_lists
 
 LAZY_MODE_ENV = "PT_HPU_LAZY_MODE"
 _TRUE = ("true", "1", "yes", "y", "t")

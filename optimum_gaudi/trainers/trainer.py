@@ -36,11 +36,7 @@ from ..checkpoints import (
     tidy_before_resuming,
     warn_if_pickles_are_unsafe_here,
 )
-from ..configuration.fp8_recipe import parse_fp8_recipe
 from ..configuration.gaudi_config import GaudiConfig
-from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
-from ..devices.autocast import OpListAutocast
-from ..devices.base import Fp8Plan
 from ..distributed import full_weights
 from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from ..distributed.fsdp import (
@@ -59,7 +55,14 @@ from ..features import linear_cross_entropy as fused_loss
 from ..features.adalora import AdaLoraBudget, adalora_configs
 from ..features.adam_state import keep_step_counts_on_load
 from ..features.compilation import CompilationLog, CompileOptions, compile_regions, pin_loss_function
-from ..features.fp8 import (
+from ..features.metrics import Throughput
+from ..features.profiling import EvaluationProfiler, GaudiProfilerCallback
+from ..features.static_batches import StaticRows
+from ..features.table import feature_table
+from ..features.unused_parameters import unused_parameters
+from ..precision.autocast import OpListAutocast
+from ..precision.fp8 import (
+    Fp8Plan,
     attach_fp8_attention,
     load_scaling_state,
     recompute_in_fp8,
@@ -68,12 +71,9 @@ from ..features.fp8 import (
     use_fp8,
     without_fp8_state,
 )
-from ..features.metrics import Throughput
-from ..features.op_list_check import check_op_lists
-from ..features.profiling import EvaluationProfiler, GaudiProfilerCallback
-from ..features.static_batches import StaticRows
-from ..features.table import feature_table
-from ..features.unused_parameters import unused_parameters
+from ..precision.fp8_recipe import parse_fp8_recipe
+from ..precision.op_list_check import check_op_lists
+from ..precision.op_lists import config_uses_op_lists, resolve_op_lists
 from .checkpoint_size import check_room_for_a_checkpoint
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .events import InternalCallbackHandler

@@ -34,7 +34,10 @@ CASES = {
     "cpu_op_lists_gpt2_config": ("gpt2", "gpt2", {"bf16": True}, None, {}),
     "cpu_op_lists_given": (
         "llama",
-        {"use_torch_autocast": True, "autocast_bf16_ops": ["linear", "matmul", "mm"], "autocast_fp32_ops": None},
+        {
+            "use_torch_autocast": True,
+            "autocast_bf16_ops": ["linear", "mm", "mul", "softmax", "scaled_dot_product_attention"],
+        },
         {"bf16": True},
         None,
         {},
