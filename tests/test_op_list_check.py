@@ -100,8 +100,8 @@ def test_the_check_changes_no_loss_and_leaves_the_training_mode(tmp_path, tiny_l
         return [h["loss"] for h in trainer.state.log_history if "loss" in h], trainer
 
     checked, trainer = run("checked")
-    assert trainer.model.__dict__.get(op_list_check._CHECKED) is trainer._autocast  # it did run
-    monkeypatch.setattr("optimum_gaudi.trainers.trainer.check_op_lists", lambda model, autocast: None)
+    assert trainer.model.__dict__.get(op_list_check._CHECKED) is trainer._precision.autocast  # it did run
+    monkeypatch.setattr("optimum_gaudi.precision.plan.check_op_lists", lambda model, autocast: None)
     assert run("unchecked")[0] == checked
     model = llama().train()
     op_list_problem(model, autocast())
