@@ -1,4 +1,5 @@
-"""Module paths from before the one-folder-per-concern layout (0.1), kept importable for one more release.
+"""Module paths from before the one-folder-per-concern layout (0.1), and from before precision had its folder,
+kept importable for one more release.
 
 An old path imports the module at its new home (the same module object, so patching either path patches
 both) after one ``FutureWarning`` naming the new path. ``optimum_gaudi.trl`` stays a public name with no
@@ -25,9 +26,8 @@ MOVED = {
     "optimum_gaudi.seq2seq": "optimum_gaudi.trainers.seq2seq",
     "optimum_gaudi.compat": "optimum_gaudi.trainers.compat",
     "optimum_gaudi.events": "optimum_gaudi.trainers.events",
-    "optimum_gaudi.op_lists": "optimum_gaudi.configuration.op_lists",
+    "optimum_gaudi.op_lists": "optimum_gaudi.precision.op_lists",
     "optimum_gaudi.hub": "optimum_gaudi.configuration.hub",
-    "optimum_gaudi.precision": "optimum_gaudi.devices.autocast",
     "optimum_gaudi.host_memory": "optimum_gaudi.devices.host_memory",
     "optimum_gaudi.compilation": "optimum_gaudi.features.compilation",
     "optimum_gaudi.batching": "optimum_gaudi.features.static_batches",
@@ -43,6 +43,12 @@ MOVED = {
     "optimum_gaudi.distributed.launch_plan": "optimum_gaudi.launch.plan",
     "optimum_gaudi.distributed.torchrun": "optimum_gaudi.launch.torchrun",
     "optimum_gaudi.configuration.launch_env": "optimum_gaudi.launch.environment",
+    # precision's modules before precision/ (optimum_gaudi.precision, 0.1's op-list autocast, is now its package)
+    "optimum_gaudi.configuration.op_lists": "optimum_gaudi.precision.op_lists",
+    "optimum_gaudi.configuration.fp8_recipe": "optimum_gaudi.precision.fp8_recipe",
+    "optimum_gaudi.devices.autocast": "optimum_gaudi.precision.autocast",
+    "optimum_gaudi.features.fp8": "optimum_gaudi.precision.fp8",
+    "optimum_gaudi.features.op_list_check": "optimum_gaudi.precision.op_list_check",
 }
 PUBLIC = {
     "optimum_gaudi.trl": "optimum_gaudi.trainers.trl",
@@ -91,11 +97,14 @@ def install() -> None:
 def forward_moved_names(package: str, new_module: str) -> Callable[[str], Any]:
     """A module ``__getattr__`` for a package that replaced a module of the same name: the names the old
     module had come from ``new_module``, after one ``FutureWarning`` (then kept in the package, so a
-    ``from package import name``, which looks the name up twice, warns once)."""
+    ``from package import name``, which looks the name up twice, warns once). A module of the package that is
+    not imported yet is left to the import system, without importing ``new_module`` on the way."""
 
     def __getattr__(name: str) -> Any:
+        if name.startswith("__") or importlib.util.find_spec(f"{package}.{name}") is not None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
         module = importlib.import_module(new_module)
-        if name.startswith("__") or not hasattr(module, name):
+        if not hasattr(module, name):
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         warnings.warn(moved_message(f"{package}.{name}", f"{new_module}.{name}"), FutureWarning, stacklevel=2)
         value = getattr(module, name)

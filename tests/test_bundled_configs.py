@@ -19,10 +19,10 @@ from conftest import GAUDI_SOFTWARE
 
 from optimum_gaudi import GaudiConfig, GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.configuration.gaudi_config import bundled_configs_dir
-from optimum_gaudi.configuration.op_lists import config_uses_op_lists, resolve_op_lists
-from optimum_gaudi.devices.autocast import OpListAutocast
-from optimum_gaudi.features.op_list_check import op_list_problem
 from optimum_gaudi.launch.environment import launch_environment
+from optimum_gaudi.precision.autocast import OpListAutocast
+from optimum_gaudi.precision.op_list_check import op_list_problem
+from optimum_gaudi.precision.op_lists import config_uses_op_lists, resolve_op_lists
 
 CONFIGS = sorted(p.stem for p in bundled_configs_dir().glob("*.json"))
 VOCAB, LENGTH, ROWS, STEPS = 100, 16, 16, 4

@@ -170,8 +170,8 @@ def test_op_list_files_live_in_a_directory_only_this_user_can_write(tmp_path, mo
     import stat
     from pathlib import Path
 
-    from optimum_gaudi.configuration.op_lists import op_list_dir, op_list_environment
     from optimum_gaudi.errors import UserError
+    from optimum_gaudi.precision.op_lists import op_list_dir, op_list_environment
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr("tempfile.tempdir", None)

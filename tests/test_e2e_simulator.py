@@ -23,8 +23,8 @@ from conftest import FAKES, GAUDI_SOFTWARE, ON_DEVICE
 
 from optimum_gaudi import GaudiConfig
 from optimum_gaudi.configuration.gaudi_config import bundled_configs_dir
-from optimum_gaudi.configuration.op_lists import config_uses_op_lists, resolve_op_lists
 from optimum_gaudi.launch.environment import launch_environment
+from optimum_gaudi.precision.op_lists import config_uses_op_lists, resolve_op_lists
 
 RUN_CLM = Path(__file__).resolve().parent.parent / "examples" / "language-modeling" / "run_clm.py"
 TINY = ["--model_type", "gpt2", "--config_overrides", "n_layer=1,n_embd=32,n_head=2", "--block_size", "32"]

@@ -167,7 +167,7 @@ def test_make_demo_trains_in_float32_where_bf16_is_emulated(tmp_path, monkeypatc
     training_args = demo._load_run_clm().parse_args(argv)[2]
     said = demo._pick_precision(training_args)
     trainer = GaudiTrainer(model=tiny_gpt2(), args=training_args)
-    assert (trainer._autocast is not None) is native
+    assert (trainer._precision.autocast is not None) is native
     assert said.startswith("bf16" if native else "float32") and ("42x" in said) is not native
 
 

@@ -22,7 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from optimum_gaudi import GaudiArgumentError, GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.devices import detect_device
 from optimum_gaudi.devices.cuda import CUDADevice
-from optimum_gaudi.features.fp8 import eligible_linears
+from optimum_gaudi.precision.fp8 import eligible_linears
 
 BOTH = pytest.mark.parametrize("gaudi_software", GAUDI_SOFTWARE, indirect=True)
 VOCAB, LENGTH, STEPS = 512, 32, 20
@@ -359,7 +359,7 @@ class _Scaled(torch.nn.Module):
 
 @pytest.mark.parametrize("as_bytes", [False, True])
 def test_fp8_scaling_state_files_are_per_rank_and_a_missing_rank_takes_rank_0s(tmp_path, as_bytes, caplog):
-    from optimum_gaudi.features.fp8 import load_scaling_state, save_scaling_state
+    from optimum_gaudi.precision.fp8 import load_scaling_state, save_scaling_state
 
     for rank, value in ((0, 1.5), (1, 2.5)):
         save_scaling_state(torch.nn.Sequential(_Scaled(value, as_bytes)), str(tmp_path), rank, 2)

@@ -301,8 +301,8 @@ def test_what_transformers_checks_once_fsdp_is_on_is_one_line_for_cpu_processes_
 def test_fp8_layers_fsdp_does_not_shard_are_one_line():
     """The Gaudi's fp8 (the Transformer Engine's te.Linear) under FSDP is refused when the trainer is built; torchao's
     Float8Linear, tested above against DDP, passes."""
-    from optimum_gaudi.devices.base import Fp8Plan
     from optimum_gaudi.distributed.fsdp import check_fp8_under_fsdp
+    from optimum_gaudi.precision.fp8 import Fp8Plan
 
     check_fp8_under_fsdp(None)
     check_fp8_under_fsdp(Fp8Plan("torchao Float8Linear", lambda model, layers: None))

@@ -21,7 +21,7 @@ from optimum_gaudi import (
     GaudiTrainer,
     GaudiTrainingArguments,
 )
-from optimum_gaudi.configuration.op_lists import BF16_LIST_ENV, FP32_LIST_ENV, resolve_op_lists
+from optimum_gaudi.precision.op_lists import BF16_LIST_ENV, FP32_LIST_ENV, resolve_op_lists
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -156,8 +156,8 @@ def test_fp16_with_training_graphs_is_one_line(bridge, tmp_path):
 
 
 def test_launch_environment_leaves_lazy_mode_to_the_user(bridge, tmp_path):
-    from optimum_gaudi.configuration.op_lists import BF16_LIST_ENV
     from optimum_gaudi.launch.environment import launch_environment
+    from optimum_gaudi.precision.op_lists import BF16_LIST_ENV
 
     assert "PT_HPU_LAZY_MODE" not in launch_environment(["--output_dir", "out"], environ={})  # not forced to "0"
     assert launch_environment(["--use_lazy_mode"], environ={})["PT_HPU_LAZY_MODE"] == "1"
@@ -239,7 +239,7 @@ def test_op_names_of_the_running_torch_are_accepted_and_a_typo_is_not(caplog, mo
     bridge of a torch that has it registers for autocast (``scripts/gen_op.py``), and CPU and CUDA cast it too."""
     import logging
 
-    from optimum_gaudi.configuration import op_lists
+    from optimum_gaudi.precision import op_lists
 
     monkeypatch.setattr(op_lists, "_warned", set())
     with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):

@@ -63,7 +63,7 @@ def run_probe(tmp_path, launcher=(sys.executable,), **env):
 
 
 def expected_gpt2_lists():
-    from optimum_gaudi.configuration.op_lists import resolve_op_lists
+    from optimum_gaudi.precision.op_lists import resolve_op_lists
 
     config = GaudiConfig.from_pretrained("gpt2")
     return resolve_op_lists(config.autocast_bf16_ops, config.autocast_fp32_ops)
@@ -247,8 +247,8 @@ def test_profiler_default_activities_record_on_the_gaudi_path(bridge, tmp_path, 
 
 @BOTH
 def test_a_bf16_only_config_means_habanas_fp32_list_on_hpu_and_cpu(bridge, tmp_path, monkeypatch):
-    from optimum_gaudi.configuration.op_lists import HABANA_DEFAULT_FP32_OPS
     from optimum_gaudi.devices import CPUDevice
+    from optimum_gaudi.precision.op_lists import HABANA_DEFAULT_FP32_OPS
 
     config = tmp_path / "bf16_only.json"
     config.write_text(json.dumps({"use_torch_autocast": True, "autocast_bf16_ops": ["linear", "matmul"]}))
@@ -267,7 +267,7 @@ def test_a_bf16_only_config_means_habanas_fp32_list_on_hpu_and_cpu(bridge, tmp_p
 
 def test_every_bundled_config_uses_known_op_names():
     from optimum_gaudi.configuration.gaudi_config import bundled_configs_dir
-    from optimum_gaudi.configuration.op_lists import KNOWN_OPS
+    from optimum_gaudi.precision.op_lists import KNOWN_OPS
 
     for path in sorted(bundled_configs_dir().glob("*.json")):
         config = GaudiConfig.from_json_file(path)
@@ -276,7 +276,7 @@ def test_every_bundled_config_uses_known_op_names():
 
 
 def test_an_unknown_op_name_warns_once_with_the_closest_known_op(caplog):
-    from optimum_gaudi.configuration.op_lists import resolve_op_lists
+    from optimum_gaudi.precision.op_lists import resolve_op_lists
 
     with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
         for _ in range(3):
@@ -292,9 +292,7 @@ def test_op_list_warnings_on_cpu_are_said_once_not_every_step(tmp_path, tiny_gpt
     with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
         GaudiTrainer(model=tiny_gpt2(), args=args, train_dataset=tiny_lm_data).train()
     about_ops = [
-        r
-        for r in caplog.records
-        if r.name in ("optimum_gaudi.devices.autocast", "optimum_gaudi.configuration.op_lists")
+        r for r in caplog.records if r.name in ("optimum_gaudi.precision.autocast", "optimum_gaudi.precision.op_lists")
     ]
     assert len(about_ops) <= 2  # at most one line from each module, whatever the number of steps
 

@@ -21,9 +21,9 @@ import pytest
 from conftest import FAKES
 
 from optimum_gaudi.cli import main
-from optimum_gaudi.configuration.op_lists import BF16_LIST_ENV, FP32_LIST_ENV, LIST_FILES_ENV
 from optimum_gaudi.launch import launcher
 from optimum_gaudi.launch import plan as launch_plan
+from optimum_gaudi.precision.op_lists import BF16_LIST_ENV, FP32_LIST_ENV, LIST_FILES_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"

@@ -19,16 +19,17 @@ PACKAGE = REPO / "optimum_gaudi"
 ALLOWED = {
     "errors": set(),
     "_legacy_paths": set(),
-    "configuration": {"errors", "_legacy_paths"},
+    "precision": {"errors", "_legacy_paths"},
+    "configuration": {"errors", "_legacy_paths", "precision"},
     "data": {"errors", "_legacy_paths"},
     "checkpoints": {"errors"},
-    "devices": {"errors", "configuration"},
-    "launch": {"errors", "configuration"},  # and no torch: test_the_launcher_loads_without_torch
-    "features": {"errors", "configuration", "devices"},
+    "devices": {"errors", "precision", "configuration"},
+    "launch": {"errors", "precision", "configuration"},  # and no torch: test_the_launcher_loads_without_torch
+    "features": {"errors", "precision", "configuration", "devices"},
     # launch: what the launcher tells its ranks (launch/ranks.py), read by the watchdog
-    "distributed": {"errors", "configuration", "devices", "launch"},
-    "trainers": {"errors", "configuration", "devices", "features", "distributed", "checkpoints", "launch"},
-    "cli": {"errors", "configuration", "devices", "features", "launch"},
+    "distributed": {"errors", "precision", "configuration", "devices", "launch"},
+    "trainers": {"errors", "precision", "configuration", "devices", "features", "distributed", "checkpoints", "launch"},
+    "cli": {"errors", "precision", "configuration", "devices", "features", "launch"},
     "__init__": {"_legacy_paths", "configuration", "trainers"},
     "__main__": {"cli", "_legacy_paths"},  # `python -m optimum_gaudi` and the 0.1 `python -m optimum_gaudi.launch`
 }
@@ -152,8 +153,8 @@ def test_the_checks_catch_a_device_importing_the_trainer_and_a_circle():
 
 
 def test_lazy_and_relative_imports_are_read():
-    imports = package_imports(PACKAGE / "devices" / "base.py")  # imports .autocast inside a method
-    assert "optimum_gaudi.devices.autocast" in imports
+    imports = package_imports(PACKAGE / "devices" / "base.py")  # imports ..precision.autocast inside a method
+    assert "optimum_gaudi.precision.autocast" in imports
 
 
 def test_the_launcher_loads_without_torch():
@@ -185,6 +186,8 @@ def test_the_architecture_doc_names_every_folder_and_top_level_module():
         ("optimum_gaudi.distributed.launcher", "optimum_gaudi.launch.launcher"),  # 0.2's launcher paths
         ("optimum_gaudi.distributed.launch_plan", "optimum_gaudi.launch.plan"),
         ("optimum_gaudi.configuration.launch_env", "optimum_gaudi.launch.environment"),
+        ("optimum_gaudi.devices.autocast", "optimum_gaudi.precision.autocast"),  # precision's homes before precision/
+        ("optimum_gaudi.configuration.op_lists", "optimum_gaudi.precision.op_lists"),
     ],
 )
 def test_an_old_module_path_imports_the_new_module_after_one_warning(old, new):
@@ -213,15 +216,18 @@ def test_old_module_paths_and_names_keep_working_in_a_fresh_process():
         "    from optimum_gaudi.training_args import GaudiTrainingArguments\n"
         "    from optimum_gaudi.configuration import bundled_config_names\n"
         "    from optimum_gaudi.data import default_tokenizer\n"
+        "    from optimum_gaudi.precision import OpListAutocast\n"  # 0.1's module, now a package
         "moved = [x for x in w if 'moved to' in str(x.message)]\n"
-        "print(len(moved), GaudiTrainingArguments.__module__, bundled_config_names.__module__, default_tokenizer.__module__)\n"
+        "print(len(moved), GaudiTrainingArguments.__module__, bundled_config_names.__module__, default_tokenizer.__module__,"
+        " OpListAutocast.__module__)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True).stdout
     assert out.split() == [
-        "3",
+        "4",
         "optimum_gaudi.trainers.training_args",
         "optimum_gaudi.configuration.gaudi_config",
         "optimum_gaudi.data.corpus",
+        "optimum_gaudi.precision.autocast",
     ]
 
 

@@ -125,8 +125,8 @@ def test_under_op_list_autocast_the_loss_is_summed_in_float32(bf16_ops):
     """Habana's default lists put ``mul`` (and ``mean``, ``softmax``) in bf16 (hpu_ops/autocast_helpers.h): the
     model's own loss is float32 cross-entropy on its bf16 logits, and so must the fused loss be, whatever else a
     list names (issue 37: its per-token sum was bf16, 3.9e-4 from an fp32 reference against the model's 4.4e-5)."""
-    from optimum_gaudi.configuration.op_lists import resolve_op_lists
-    from optimum_gaudi.devices.autocast import OpListAutocast
+    from optimum_gaudi.precision.autocast import OpListAutocast
+    from optimum_gaudi.precision.op_lists import resolve_op_lists
 
     model = llama()
     reference = copy.deepcopy(model)

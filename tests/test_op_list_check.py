@@ -3,7 +3,7 @@
 The case that made it an issue: Llama trained with an explicit bf16 list without scaled_dot_product_attention
 (the 0.1 bundled llama.json) crashed at step 1 with the kernel's "Expected query, key, and value to have the
 same dtype". Now the trainer runs one dummy forward under its autocast before training
-(features/op_list_check.py) and stops with one line naming the op and the config keys.
+(precision/op_list_check.py) and stops with one line naming the op and the config keys.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import torch
 import transformers
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
-from optimum_gaudi.configuration.op_lists import resolve_op_lists
-from optimum_gaudi.devices.autocast import OpListAutocast
 from optimum_gaudi.errors import UserError, call_main
-from optimum_gaudi.features import op_list_check
-from optimum_gaudi.features.op_list_check import OpListDtypeError, check_op_lists, op_list_problem
+from optimum_gaudi.precision import op_list_check
+from optimum_gaudi.precision.autocast import OpListAutocast
+from optimum_gaudi.precision.op_list_check import OpListDtypeError, check_op_lists, op_list_problem
+from optimum_gaudi.precision.op_lists import resolve_op_lists
 
 # the bundled llama.json of 0.1: bf16 on the matmuls only
 MATMULS_ONLY = {
@@ -100,8 +100,8 @@ def test_the_check_changes_no_loss_and_leaves_the_training_mode(tmp_path, tiny_l
         return [h["loss"] for h in trainer.state.log_history if "loss" in h], trainer
 
     checked, trainer = run("checked")
-    assert trainer.model.__dict__.get(op_list_check._CHECKED) is trainer._autocast  # it did run
-    monkeypatch.setattr("optimum_gaudi.trainers.trainer.check_op_lists", lambda model, autocast: None)
+    assert trainer.model.__dict__.get(op_list_check._CHECKED) is trainer._precision.autocast  # it did run
+    monkeypatch.setattr("optimum_gaudi.precision.plan.check_op_lists", lambda model, autocast: None)
     assert run("unchecked")[0] == checked
     model = llama().train()
     op_list_problem(model, autocast())

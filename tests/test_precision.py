@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from optimum_gaudi import GaudiConfig, GaudiConfigError, GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.devices import CPUDevice
-from optimum_gaudi.devices.autocast import OpListAutocast, aten_overloads
+from optimum_gaudi.precision.autocast import OpListAutocast, aten_overloads
 
 
 class Recorder(nn.Module):
@@ -165,7 +165,7 @@ def test_nesting_the_same_lists_keeps_them_until_the_outer_exit():
 @pytest.fixture
 def installs(monkeypatch):
     """How many times op-list kernels were registered with the dispatcher."""
-    from optimum_gaudi.devices.autocast import _Registration
+    from optimum_gaudi.precision.autocast import _Registration
 
     count, install = [], _Registration._install
     monkeypatch.setattr(_Registration, "_install", lambda self: count.append(1) or install(self))
@@ -216,7 +216,7 @@ def test_gradients_reach_fp32_parameters_and_match_eager_when_compiled():
 
 
 def test_unknown_names_warn_once_and_known_ones_still_apply(caplog):
-    with caplog.at_level(logging.WARNING, logger="optimum_gaudi.devices.autocast"):
+    with caplog.at_level(logging.WARNING, logger="optimum_gaudi.precision.autocast"):
         ctx = OpListAutocast(["mm", "truediv_not_an_op"], [])
         OpListAutocast(["truediv_not_an_op"], [])
     assert sum("truediv_not_an_op" in r.getMessage() for r in caplog.records) == 1
@@ -285,7 +285,7 @@ def test_gpt2_under_bundled_config_trains_close_to_fp32(tiny_gpt2, tiny_lm_data,
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_habana_default_lists_apply_as_on_a_gaudi(tiny_gpt2, compiled):
-    from optimum_gaudi.configuration.op_lists import resolve_op_lists
+    from optimum_gaudi.precision.op_lists import resolve_op_lists
 
     bf16, fp32 = resolve_op_lists(None, None)  # what a config that names no list means
     model = Recorder()

@@ -1,5 +1,5 @@
-"""What a user declares: the JSON ``GaudiConfig``, its autocast op lists and their aten vocabulary, and where a
-config named on the Hub comes from. Plain data and checks: imports only ``errors``."""
+"""What a user declares: the JSON ``GaudiConfig`` and where a config named on the Hub comes from. Plain data and
+checks: imports ``errors`` and the op lists (``precision/op_lists.py``) it hands to the bridge."""
 
 from .._legacy_paths import forward_moved_names
 from .gaudi_config import GaudiConfig, GaudiConfigError

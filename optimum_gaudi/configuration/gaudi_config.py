@@ -209,7 +209,7 @@ class GaudiConfig:
     ) -> None:
         """Write the bf16 and fp32 op lists, one op per line, as the bridge reads them. A list left out of the
         config is written as the list it means (Habana's default, as on every device here)."""
-        from .op_lists import resolve_op_lists
+        from ..precision.op_lists import resolve_op_lists
 
         bf16, fp32 = resolve_op_lists(self.autocast_bf16_ops, self.autocast_fp32_ops)
         for path, ops in ((path_to_bf16_file, bf16), (path_to_fp32_file, fp32)):
@@ -220,7 +220,7 @@ class GaudiConfig:
         ``PT_HPU_AUTOCAST_FP32_OPS_LIST``) at files holding this config's lists, as optimum-habana does; return
         what was set. GaudiTrainingArguments does this itself; a script calls it only to set the lists by hand.
         The bridge reads them once, when it loads: after that it is an error, as in optimum-habana."""
-        from .op_lists import op_list_environment, resolve_op_lists
+        from ..precision.op_lists import op_list_environment, resolve_op_lists
 
         if "habana_frameworks.torch.core" in sys.modules:  # a look at what is loaded; nothing is imported here
             raise GaudiConfigError(

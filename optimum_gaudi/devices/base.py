@@ -7,13 +7,13 @@ import copy
 import importlib.util
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch.utils._pytree import tree_map_only
 
 from ..errors import quiet_logger
+from ..precision.fp8 import Fp8Plan
 
 logger = logging.getLogger(__name__)
 
@@ -37,24 +37,6 @@ FEATURES = (
     "fsdp",
     "context_parallel_size",
 )
-
-
-FP8_ATTENTION = "gaudi_fp8_attention"  # --flash_attention_fp8: the fp8 attention module inside each attention layer
-
-
-@dataclass(frozen=True)
-class Fp8Plan:
-    """How a device trains in fp8 (features/fp8.py): `convert` swaps the given linear layers of a model in
-    place, keeping their weight and bias objects; `autocast`, where not None, is the context each training
-    forward runs in (and a checkpointed layer's recomputation in the backward, features/fp8.py)."""
-
-    name: str
-    convert: Callable[[torch.nn.Module, set[torch.nn.Linear]], None]
-    autocast: Callable[[], contextlib.AbstractContextManager] | None = None
-    # With activation checkpointing: what marks the function a checkpointed layer runs (forward, then recompute)
-    checkpointed: Callable[[Callable], Callable] | None = None
-    # Whether FSDP2 shards the converted layers (torchao's Float8Linear: tested; the Transformer Engine's: not)
-    shards_with_fsdp: bool = True
 
 
 class Device:
@@ -161,7 +143,7 @@ class Device:
         """What to enter around each forward for bf16 autocast: the op lists exactly when given, else
         torch's own autocast for this device."""
         if bf16_ops or fp32_ops:
-            from .autocast import OpListAutocast
+            from ..precision.autocast import OpListAutocast
 
             autocast = OpListAutocast(bf16_ops, fp32_ops, device_type=self.type)  # re-entrant: built once
             return lambda: autocast
@@ -187,7 +169,7 @@ class Device:
         None where attention has no fp8 kernel (the flag changes nothing)."""
         return None
 
-    # ---- fp8 (features/fp8.py): torchao's float8 training here, the Gaudi Transformer Engine on a Gaudi ------------
+    # ---- fp8 (precision/fp8.py): torchao's float8 training here, the Gaudi Transformer Engine on a Gaudi ------------
 
     def fp8_problem(self, compiling: bool = False) -> str | None:
         """Why --fp8 cannot train here, in one line; None when it can (``compiling``: with --torch_compile)."""

@@ -22,15 +22,16 @@ from typing import Any
 
 import torch
 
-from ..configuration.fp8_recipe import GAUDI_RECIPE
-from ..configuration.op_lists import (
+from ..precision.fp8 import FP8_ATTENTION, Fp8Plan
+from ..precision.fp8_recipe import GAUDI_RECIPE
+from ..precision.op_lists import (
     BF16_LIST_ENV,
     FP32_LIST_ENV,
     HABANA_DEFAULT_BF16_OPS,
     HABANA_DEFAULT_FP32_OPS,
     op_list_environment,
 )
-from .base import FP8_ATTENTION, GB, Device, Fp8Plan, private_inputs, replayable, unaliased_outputs
+from .base import GB, Device, private_inputs, replayable, unaliased_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -435,7 +436,7 @@ class HPUDevice(Device):
             if attention is None:
                 raise RuntimeError(
                     f"--flash_attention_fp8: {type(layer).__name__} has no {FP8_ATTENTION}; the trainer attaches one "
-                    "to each attention layer before training (features/fp8.py attach_fp8_attention)."
+                    "to each attention layer before training (precision/fp8.py attach_fp8_attention)."
                 )
             groups = q.shape[1] // k.shape[1]
             if groups > 1:

@@ -112,21 +112,13 @@ def wrap_this_models_layers(plugin: Any, model: nn.Module | None) -> None:
     plugin.transformer_cls_names_to_wrap = found
 
 
-def gather_in_bf16(plugin: Any) -> None:
-    """FSDP2's mixed precision under the trainer's op-list autocast: parameters all-gathered in bf16 (half the
-    bytes gathered and held unsharded), gradients reduced in float32 as DDP reduces them. The autocast still
-    decides each op's precision (an op on neither list runs in bf16 on the gathered weights, where DDP would
-    run it in float32: the losses differ within bf16's rounding). accelerate sets no policy, as the autocast
-    replaces its own bf16; a policy the user's fsdp_config gives is kept."""
-    if plugin.fsdp_version != 2 or plugin.mixed_precision_policy is not None:
+def use_mixed_precision_policy(plugin: Any, policy: Any | None) -> None:
+    """FSDP2's mixed precision as the run's precision plan asks (precision/plan.py: bf16 gathers under the
+    op-list autocast); None leaves accelerate's. accelerate sets no policy where the autocast replaces its own
+    bf16, and a policy the user's fsdp_config gives is kept."""
+    if policy is None or plugin.fsdp_version != 2 or plugin.mixed_precision_policy is not None:
         return
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    plugin.mixed_precision_policy = MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16,
-        reduce_dtype=torch.float32,
-        cast_forward_inputs=False,  # each op's inputs are the autocast's to cast, not each wrapped layer's
-    )
+    plugin.mixed_precision_policy = policy
 
 
 # accelerate's Accelerator exports ACCELERATE_USE_FSDP=true when it is given an FSDP plugin (``accelerator.py``), and

@@ -1,7 +1,7 @@
 """What the Gaudi bridge must find in the environment of a script that ``optimum-gaudi launch`` starts.
 
 The launcher's, not configuration/'s: it reads the script's command line and loads the Gaudi config it names,
-then hands the op lists over with configuration/op_lists.py (what the GaudiConfig itself uses,
+then hands the op lists over with precision/op_lists.py (what the GaudiConfig itself uses,
 ``GaudiConfig.declare_autocast_bf16_fp32_ops``). Loads without torch, as the launcher does.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..configuration.gaudi_config import GaudiConfig, GaudiConfigError
-from ..configuration.op_lists import LIST_FILES_ENV, config_uses_op_lists, op_list_environment, resolve_op_lists
+from ..precision.op_lists import LIST_FILES_ENV, config_uses_op_lists, op_list_environment, resolve_op_lists
 
 LAZY_MODE_ENV = "PT_HPU_LAZY_MODE"
 _TRUE = ("true", "1", "yes", "y", "t")

@@ -53,8 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from ..configuration.op_lists import LIST_FILES_ENV
 from ..errors import UserError
+from ..precision.op_lists import LIST_FILES_ENV
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's and DeepSpeed's default, used when the nodes must agree on one
 DEFAULT_GRACE_PERIOD = 30  # torchrun's own wait between passing SIGTERM on to its workers and killing them

@@ -40,7 +40,7 @@ TRAINER_HOOKS = (
     "_get_output_dir",
     "_save_checkpoint",
     "_save_optimizer_and_scheduler",  # --async_save: FSDP's shards written in the background
-    "_load_from_checkpoint",  # the fp8 scaling state a checkpoint keeps beside the weights (features/fp8.py)
+    "_load_from_checkpoint",  # the fp8 scaling state a checkpoint keeps beside the weights (precision/fp8.py)
     "_load_callback_state",  # run totals kept out of callback-state matching (metrics.py)
     "get_cp_size",  # --context_parallel_size: the ranks that share a batch (distributed/sequence_parallel.py)
     "get_train_dataloader",  # --context_parallel_size: those ranks read the same batches

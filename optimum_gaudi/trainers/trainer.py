@@ -36,11 +36,7 @@ from ..checkpoints import (
     tidy_before_resuming,
     warn_if_pickles_are_unsafe_here,
 )
-from ..configuration.fp8_recipe import parse_fp8_recipe
 from ..configuration.gaudi_config import GaudiConfig
-from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
-from ..devices.autocast import OpListAutocast
-from ..devices.base import Fp8Plan
 from ..distributed import full_weights
 from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
 from ..distributed.fsdp import (
@@ -48,9 +44,9 @@ from ..distributed.fsdp import (
     check_fsdp_arguments,
     check_sum_reductions,
     fsdp_of_this_run_only,
-    gather_in_bf16,
     reduce_with_sum,
     shard_where_accelerate_would_not,
+    use_mixed_precision_policy,
     wrap_this_models_layers,
 )
 from ..distributed.host_group import host_group, set_group_timeout
@@ -60,21 +56,12 @@ from ..features import linear_cross_entropy as fused_loss
 from ..features.adalora import AdaLoraBudget, adalora_configs
 from ..features.adam_state import keep_step_counts_on_load
 from ..features.compilation import CompilationLog, CompileOptions, compile_regions, pin_loss_function
-from ..features.fp8 import (
-    attach_fp8_attention,
-    load_scaling_state,
-    recompute_in_fp8,
-    save_scaling_state,
-    saved_state_dict,
-    use_fp8,
-    without_fp8_state,
-)
 from ..features.metrics import Throughput
-from ..features.op_list_check import check_op_lists
 from ..features.profiling import EvaluationProfiler, GaudiProfilerCallback
 from ..features.static_batches import StaticRows
 from ..features.table import feature_table
 from ..features.unused_parameters import unused_parameters
+from ..precision.plan import PrecisionPlan
 from .checkpoint_size import check_room_for_a_checkpoint
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .events import InternalCallbackHandler
@@ -202,7 +189,6 @@ class GaudiTrainerMixin(TrainerShims):
         self._grad_allreduce: FusedGradientAllReduce | None = None
         self._lazy_mark_step = self.gaudi_device.mark_step if args.use_lazy_mode else None
         self._pipelining_mark_step = self._lazy_mark_step if args.pipelining_fwd_bwd else None
-        self._autocast = self._select_autocast(args)
         self._graph_wrapped: set[tuple[bool, int]] = set()
         self._said_no_eval_graphs = False
         self._inference_wrapped: tuple[nn.Module, Any] | None = None  # (model, its forward before the graph)
@@ -213,12 +199,9 @@ class GaudiTrainerMixin(TrainerShims):
         self._eager_step: int | None = None  # --compile_from_sec_iteration: the step that runs eagerly
         if self._compile is not None:
             self._compile.apply_limits()
-        self._fp8: Fp8Plan | None = None
-        self._fp8_scaling_from: str | None = None  # a resumed checkpoint whose fp8 scaling state is still to load
+        # the op-list autocast, fp8, FSDP's bf16 gathers, the fp8 scaling state in checkpoints (precision/plan.py)
+        self._precision = PrecisionPlan.build(args, self.gaudi_config, self.gaudi_device, args.autocast_device)
         self._background_writes = BackgroundWrites()  # --async_save: shards still being written, then the publish
-        if args.fp8:
-            recipe = parse_fp8_recipe(args.fp8_recipe) if args.fp8_recipe is not None else None
-            self._fp8 = self.gaudi_device.fp8_plan(args.minimize_memory, self._compile is not None, recipe)
         self._sequence_parallel: SequenceParallel | None = None  # --context_parallel_size > 1, once distributed
         self._predicting = False  # inside prediction_step, whose batches are not split
         self._guard: NonFiniteGuard | None = None  # during train(): non-finite steps stopped or skipped
@@ -260,23 +243,6 @@ class GaudiTrainerMixin(TrainerShims):
         if replaced:
             logger.warning("DeepSpeed replaces these Gaudi features on this run: %s.", "; ".join(replaced))
 
-    def _select_autocast(self, args: GaudiTrainingArgumentsMixin):
-        """bf16 autocast on the Gaudi config's op lists (a list left out is Habana's default list), the same
-        lists on every device.
-
-        Plain ``--bf16`` without a config that autocasts is left to accelerate, exactly as transformers.Trainer
-        does it, except around a training graph whose forward accelerate cannot rebind (see
-        ``Device.training_graph_forward_bound_elsewhere``): there the trainer enters the same autocast
-        accelerate would, torch's own for the device.
-        """
-        config = self.gaudi_config
-        if config.use_torch_autocast or (args.bf16 and config_uses_op_lists(config)):
-            bf16_ops, fp32_ops = resolve_op_lists(config.autocast_bf16_ops, config.autocast_fp32_ops)
-            return args.autocast_device.autocast_factory(bf16_ops, fp32_ops)
-        if args.bf16 and args.use_hpu_graphs_for_training and self.gaudi_device.training_graph_forward_bound_elsewhere:
-            return args.autocast_device.autocast_factory()
-        return None
-
     def _move_removed_keywords(self, args: GaudiTrainingArguments, trainer_kwargs: dict[str, Any]) -> None:
         """Keywords the parent Trainer no longer takes, moved in place to where it reads them now (one line
         each) before it sees them. None here; the TRL trainers move TRL < 1's (trainers/trl_legacy.py)."""
@@ -300,12 +266,13 @@ class GaudiTrainerMixin(TrainerShims):
             self.is_fsdp_enabled = True
             check_fsdp_arguments(self.accelerator, self.args)
         if self.is_fsdp_enabled:
-            check_fp8_under_fsdp(self._fp8)
+            check_fp8_under_fsdp(self._precision.fp8)
             check_sum_reductions(self.gaudi_device)
             full_weights.check_saves(self.model)  # now, not after the run, at its final save_model
             wrap_this_models_layers(self.accelerator.state.fsdp_plugin, self.model)
-            if self._autocast is not None:
-                gather_in_bf16(self.accelerator.state.fsdp_plugin)
+            use_mixed_precision_policy(
+                self.accelerator.state.fsdp_plugin, self._precision.fsdp_mixed_precision_policy()
+            )
         torch_cp = getattr(self.args, "parallelism_config", None) is not None  # CUDA under FSDP: torch's own path
         if self.args.context_parallel_size > 1 and not torch_cp:
             self._sequence_parallel = SequenceParallel(self.args.context_parallel_size)
@@ -325,8 +292,8 @@ class GaudiTrainerMixin(TrainerShims):
 
     def _build_accelerator_args(self, **kwargs) -> dict[str, Any]:
         accelerator_args = super()._build_accelerator_args(**kwargs)
-        if self._autocast is not None:
-            accelerator_args["mixed_precision"] = "no"  # our autocast replaces accelerate's fixed op lists
+        if self._precision.accelerate_mixed_precision is not None:  # our autocast replaces accelerate's fixed lists
+            accelerator_args["mixed_precision"] = self._precision.accelerate_mixed_precision
         if self._compile is not None:
             accelerator_args["dynamo_plugin"] = self._compile.dynamo_plugin()
         return accelerator_args
@@ -411,27 +378,14 @@ class GaudiTrainerMixin(TrainerShims):
             rms_norm=device.rms_norm_kernel() if self.gaudi_config.use_fused_rms_norm else None,
             rotary=device.rotary_kernel() if self.gaudi_config.use_fused_rope else None,
         )
-        if self._fp8 is not None:
-            use_fp8(model, self._fp8)
-            recompute_in_fp8(model, self._fp8)  # layers checkpointed since (gradient checkpointing) too
-            build = device.fp8_attention_builder(args.flash_attention_recompute) if args.flash_attention_fp8 else None
-            if build is not None:
-                attach_fp8_attention(model, build)
-            self._restore_fp8_scaling(model)
+        self._precision.convert(model)  # --fp8: the device's fp8 layers and attention, a resumed scaling state
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         """The weights as transformers loads them; the fp8 scaling state once the model's fp8 modules exist (they
         are made when the model is wrapped, usually after this)."""
         super()._load_from_checkpoint(resume_from_checkpoint, model)
-        if self._fp8 is not None:
-            self._fp8_scaling_from = resume_from_checkpoint
-            self._restore_fp8_scaling(self.accelerator.unwrap_model(model if model is not None else self.model))
-
-    def _restore_fp8_scaling(self, model: nn.Module) -> None:
-        source = self._fp8_scaling_from
-        if source is not None and getattr(model, "_gaudi_fp8", None) is not None:
-            load_scaling_state(model, source, self.args.process_index, self.args.world_size)
-            self._fp8_scaling_from = None
+        unwrapped = self.accelerator.unwrap_model(model if model is not None else self.model)
+        self._precision.resume_scaling_from(resume_from_checkpoint, unwrapped)
 
     def _prepare_compile(self, model: nn.Module) -> None:
         """Once per model: pin its loss function (no graph break) and, if asked, compile its blocks and loss."""
@@ -464,23 +418,14 @@ class GaudiTrainerMixin(TrainerShims):
         """Around a whole training or evaluation loop: the op-list autocast's kernels installed once, not at
         every forward, and the device's memory kept from one step to the next."""
         stack = contextlib.ExitStack()
-        autocast = self._autocast() if self._autocast is not None else None
-        if isinstance(autocast, OpListAutocast):
-            stack.enter_context(autocast.kept())
+        stack.enter_context(self._precision.loop_context())
         sharded = self.is_fsdp_enabled or self._sequence_parallel is not None
         stack.enter_context(self.gaudi_device.loop_memory(sharded))
         return stack
 
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> contextlib.AbstractContextManager:
-        autocast = (
-            self._autocast() if self._autocast is not None else super().autocast_smart_context_manager(cache_enabled)
-        )
-        if self._fp8 is None or self._fp8.autocast is None or not self.model.training:
-            return autocast
-        stack = contextlib.ExitStack()  # fp8 in training forwards; evaluation in the model's precision, as accelerate
-        stack.enter_context(autocast)
-        stack.enter_context(self._fp8.autocast())
-        return stack
+        accelerate_autocast = functools.partial(super().autocast_smart_context_manager, cache_enabled)
+        return self._precision.forward_context(self.model.training, accelerate_autocast)
 
     def compute_loss_context_manager(self) -> contextlib.AbstractContextManager:
         parent = super().compute_loss_context_manager()  # any context manager a user's Trainer returns
@@ -709,7 +654,7 @@ class GaudiTrainerMixin(TrainerShims):
             self.add_callback(callback)
         try:
             with self._loop_context(), preemption.installed():
-                check_op_lists(self.model, self._autocast)  # op lists mixing dtypes in one op: one line, before step 1
+                self._precision.check_op_lists(self.model)  # op lists mixing dtypes in one op: one line, before step 1
                 result = super().train(checkpoint, *args, **kwargs)
                 self._background_writes.wait()  # --async_save: a run stopped early publishes its last checkpoint
         finally:
@@ -765,10 +710,8 @@ class GaudiTrainerMixin(TrainerShims):
             finally:
                 self._staging_root = None
             saved = staging / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            if self._fp8 is not None and saved.is_dir():  # every rank its own amax history
-                save_scaling_state(
-                    self.accelerator.unwrap_model(model), str(saved), self.args.process_index, self.args.world_size
-                )
+            if saved.is_dir():  # with fp8: the scaling state, by every rank
+                self._precision.save_scaling_state(self.accelerator.unwrap_model(model), str(saved))
             totals = getattr(self, "_run_totals", None)
             if self.args.should_save and totals is not None and saved.is_dir():
                 (saved / RUN_TOTALS_FILE).write_text(json.dumps(totals, indent=1), encoding="utf-8")
@@ -898,7 +841,10 @@ class GaudiTrainerMixin(TrainerShims):
             self._save(output_dir, state_dict=full_weights.adapter_state_dict(model))
         else:
             full_weights.save_pretrained(
-                model, output_dir, is_main_process=self.args.should_save, state_filter=without_fp8_state
+                model,
+                output_dir,
+                is_main_process=self.args.should_save,
+                state_filter=self._precision.without_scaling_state,
             )
             if self.args.should_save:
                 self._save_beside_the_weights(output_dir)
@@ -906,8 +852,7 @@ class GaudiTrainerMixin(TrainerShims):
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        if self._fp8 is not None:  # saved weights as plain transformers reads them: no fp8 scaling state
-            state_dict = without_fp8_state(state_dict) if state_dict is not None else saved_state_dict(self.model)
+        state_dict = self._precision.weights_to_save(self.model, state_dict)  # with fp8: no scaling state
         super()._save(output_dir, state_dict=state_dict)
         if self.args.should_save:
             self.gaudi_config.save_pretrained(output_dir if output_dir is not None else self.args.output_dir)

@@ -18,9 +18,7 @@ import torch
 import transformers
 from transformers import TrainingArguments
 
-from ..configuration.fp8_recipe import parse_fp8_recipe
 from ..configuration.gaudi_config import GaudiConfig
-from ..configuration.op_lists import config_uses_op_lists, resolve_op_lists
 from ..devices import CPUDevice, Device, detect_device
 from ..devices.hpu import bridge_installed, prepare_bridge
 from ..distributed import sequence_parallel
@@ -30,6 +28,8 @@ from ..errors import UserError
 from ..features import attention
 from ..features.compilation import apply_dynamo_options, check_compile_flags, compile_choice_problem
 from ..launch.ranks import enable_flight_recorder
+from ..precision.fp8_recipe import parse_fp8_recipe
+from ..precision.op_lists import config_uses_op_lists, resolve_op_lists
 from .nonfinite import ON_NONFINITE
 from .removed_args import RemovedTrainingArguments, apply_removed_arguments
 from .use_cache import UseCacheOffTheCommandLine

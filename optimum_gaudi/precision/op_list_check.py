@@ -24,8 +24,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ..configuration.op_lists import HABANA_DEFAULT_BF16_OPS, KNOWN_OPS
 from ..errors import UserError, one_line
+from .op_lists import HABANA_DEFAULT_BF16_OPS, KNOWN_OPS
 
 logger = logging.getLogger(__name__)
 

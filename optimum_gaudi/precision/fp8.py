@@ -1,8 +1,8 @@
 """fp8 training (``--fp8``): the model's linear layers computed in fp8, by the device's own means.
 
-Each device supplies an :class:`Fp8Plan` (``Device.fp8_plan``): on a Gaudi, Intel's Gaudi Transformer Engine
-(``te.Linear`` under ``te.fp8_autocast`` with delayed scaling, as optimum-habana uses it); on CPU and CUDA,
-torchao's float8 training (``Float8Linear``, dynamic per-tensor scaling). The same layers are converted on
+Each device supplies an :class:`Fp8Plan`, the contract defined here (``Device.fp8_plan``): on a Gaudi,
+Intel's Gaudi Transformer Engine (``te.Linear`` under ``te.fp8_autocast`` with delayed scaling, as optimum-habana
+uses it); on CPU and CUDA, torchao's float8 training (``Float8Linear``, dynamic per-tensor scaling). The same layers are converted on
 every device: each ``nn.Linear`` whose two sizes are multiples of 16 (what fp8 matmul kernels take), except
 the output layer (the LM head, whose logits are the most sensitive to precision). A converted layer keeps the
 original weight and bias objects, so the optimizer, weight tying and ``state_dict`` keys stay as they were;
@@ -11,22 +11,40 @@ a saved model is the user's own class and loads in plain transformers.
 On a Gaudi the Transformer Engine keeps scaling state in its modules (``_extra_state``): a checkpoint carries it
 in a file of its own (:data:`SCALING_STATE_FILE`, one per rank on several), so a resumed run scales its first
 steps as the uninterrupted run did on every card, while the saved weights stay plain. The recipe is
-optimum-habana's unless the user gives one (``--fp8_recipe``, configuration/fp8_recipe.py).
+optimum-habana's unless the user gives one (``--fp8_recipe``, precision/fp8_recipe.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from ..devices.base import FP8_ATTENTION, Fp8Plan
-
 logger = logging.getLogger(__name__)
+
+FP8_ATTENTION = "gaudi_fp8_attention"  # --flash_attention_fp8: the fp8 attention module inside each attention layer
+
+
+@dataclass(frozen=True)
+class Fp8Plan:
+    """How a device trains in fp8: `convert` swaps the given linear layers of a model in place, keeping their
+    weight and bias objects; `autocast`, where not None, is the context each training forward runs in (and a
+    checkpointed layer's recomputation in the backward, :func:`recompute_in_fp8`)."""
+
+    name: str
+    convert: Callable[[nn.Module, set[nn.Linear]], None]
+    autocast: Callable[[], contextlib.AbstractContextManager] | None = None
+    # With activation checkpointing: what marks the function a checkpointed layer runs (forward, then recompute)
+    checkpointed: Callable[[Callable], Callable] | None = None
+    # Whether FSDP2 shards the converted layers (torchao's Float8Linear: tested; the Transformer Engine's: not)
+    shards_with_fsdp: bool = True
+
 
 SIZE_MULTIPLE = 16
 EXTRA_STATE_SUFFIX = "._extra_state"  # where Transformer Engine modules keep their scaling state

@@ -100,7 +100,7 @@ def _warn_unknown(ops: Sequence[str]) -> None:
             continue
         _warned.add(name)
         close = closest_op(name)
-        hint = f"did you mean '{close}'?" if close else "see optimum_gaudi.configuration.op_lists.known_ops()"
+        hint = f"did you mean '{close}'?" if close else "see optimum_gaudi.precision.op_lists.known_ops()"
         logger.warning(
             "Autocast op '%s' is neither an aten op of this torch nor in Habana's default lists, so it casts nothing "
             "on any device; %s",
