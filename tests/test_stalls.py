@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import threading
 
@@ -239,19 +240,21 @@ def test_the_default_limit_comes_from_the_runs_own_times_with_a_floor():
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_a_slow_rank_is_logged_and_named_once_and_a_nan_on_one_rank_is_skipped_on_every_rank_then_stops(
+def test_a_slow_rank_is_logged_and_named_once_and_a_nan_or_spike_on_one_rank_is_skipped_on_every_rank_then_stops(
     tmp_path, world_size
 ):
-    """The last rank is slow every step and its loss is NaN at steps 9, 13 and 14 (tests/scripts/
-    train_stragglers.py): each logging step records the slowest and fastest rank, the slow one is named once; step
-    9 is skipped on every rank (no AdamW stepped), steps 13 and 14 are two in a row (--max_nonfinite_skips 1): one
-    line, exit 2."""
+    """The last rank is slow every step, its loss is NaN at steps 9, 13 and 14 and spikes (x 1000) at step 7
+    (tests/scripts/train_stragglers.py): each logging step records the slowest and fastest rank, the slow one is
+    named once; steps 7 and 9 are skipped on every rank (no AdamW stepped; the spike judged on the ranks' mean loss
+    against its running median, --loss_spike_factor 20 over a window of 5), steps 13 and 14 are two in a row
+    (--max_nonfinite_skips 1): one line, exit 2."""
     out, last = tmp_path / "run", world_size - 1
     result = subprocess.run(
         launch_command("--world_size", str(world_size), str(SCRIPTS / "train_stragglers.py"), str(tmp_path))
-        + ["9,13,14", "--output_dir", str(out), "--max_steps", "16", "--save_strategy", "steps", "--save_steps"]
+        + ["9,13,14", "7", "--output_dir", str(out), "--max_steps", "16", "--save_strategy", "steps", "--save_steps"]
         + ["4", "--logging_steps", "2", "--per_device_train_batch_size", "4", "--report_to", "none"]
-        + ["--disable_tqdm", "true", "--on_nonfinite", "skip", "--max_nonfinite_skips", "1"],
+        + ["--disable_tqdm", "true", "--on_nonfinite", "skip", "--max_nonfinite_skips", "1"]
+        + ["--loss_spike_factor", "20", "--loss_spike_window", "5"],
         capture_output=True,
         text=True,
         env=job_environment(),
@@ -264,12 +267,13 @@ def test_a_slow_rank_is_logged_and_named_once_and_a_nan_on_one_rank_is_skipped_o
         "its optimizer step (--max_nonfinite_skips 1 skips at most that many in a row)."
     )
     assert f"step 9: the loss is nan on rank {last} (gradient norm nan); step skipped" in result.stderr
+    assert re.search(r"step 7: the loss \S+ is over 20 x the running median \S+; step skipped", result.stderr)
     steps = [(tmp_path / f"optimizer_steps.rank{r}").read_text() for r in range(world_size)]
-    assert steps == ["11"] * world_size
+    assert steps == ["10"] * world_size
     assert result.stderr.count(f"Rank {last} has been slower than the median rank for 3 logging intervals") == 1
     history = json.loads((out / "checkpoint-12" / "trainer_state.json").read_text())["log_history"]
     logged = [h for h in history if "loss" in h]
     assert len(logged) == 6 and all(h["slowest_rank"] == last and h["fastest_rank"] != last for h in logged)
     assert all(h["slowest_rank_step_time"] > h["fastest_rank_step_time"] + 0.1 for h in logged)
-    assert [h["nonfinite_skipped_steps"] for h in logged] == [0, 0, 0, 0, 1, 1]
+    assert [h["nonfinite_skipped_steps"] for h in logged] == [0, 0, 0, 1, 2, 2]
     assert not list(out.glob("hang-*"))  # the watchdog (on by default) never fired
