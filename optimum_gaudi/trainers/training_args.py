@@ -219,7 +219,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             "(train_throughput_steps, ...), speed since the previous log (interval_samples_per_second, "
             "interval_tokens_per_second) and device memory (memory_allocated (GB), ...). Unset: on with --use_habana, "
             "--throughput_warmup_steps > 0 or --adjust_throughput; otherwise off, and the logs hold exactly "
-            "transformers.Trainer's keys."
+            "transformers.Trainer's keys (multi-process runs add the slowest and fastest rank's step times, "
+            "see --straggler_threshold)."
         },
     )
     ignore_eos: bool = field(
