@@ -7,6 +7,7 @@ they import these (``sys.path`` holds tests/ under pytest; a script adds it itse
 from __future__ import annotations
 
 import torch
+import transformers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 VOCAB, LENGTH = 100, 16
@@ -141,3 +142,45 @@ def leave_process() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+# ---- sequence-to-sequence: a tiny T5 and a decoder-only Llama with their own vocabulary (tests/unit/trainers/test_seq2seq.py, the HPU path's generation tests)
+
+SEQ2SEQ_VOCAB = 40
+
+
+def tiny_t5() -> PreTrainedModel:
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=SEQ2SEQ_VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2,
+        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+    )  # fmt: skip
+    return transformers.T5ForConditionalGeneration(config)
+
+
+class PadCollator:
+    """Right-pads inputs with the model's pad id and labels with -100, as DataCollatorForSeq2Seq does."""
+
+    def __init__(self, pad_token_id):
+        self.pad = pad_token_id
+
+    def __call__(self, rows):
+        def pad(seqs, value):
+            width = max(len(s) for s in seqs)
+            return torch.tensor([s + [value] * (width - len(s)) for s in seqs])
+
+        ids = [r["input_ids"] for r in rows]
+        return {
+            "input_ids": pad(ids, self.pad),
+            "attention_mask": pad([[1] * len(s) for s in ids], 0),
+            "labels": pad([r["labels"] for r in rows], -100),
+        }
+
+
+def tiny_decoder_only() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=SEQ2SEQ_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64, pad_token_id=0, bos_token_id=2, eos_token_id=1,
+    )  # fmt: skip
+    return LlamaForCausalLM(config)

@@ -11,8 +11,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+from support import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "optimum_gaudi"
 
 # What each part of the package may import (a part is a top-level module or folder). Lowest first.

@@ -5,14 +5,14 @@ import re
 import shlex
 import stat
 import string
-from pathlib import Path
 
 import pytest
+from support import REPO
 
 from optimum_gaudi.cli import main
 from optimum_gaudi.launch import plan as launch_plan
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 README = (ROOT / "README.md").read_text()
 
 

@@ -6,12 +6,10 @@ on their own (issue 20, defect 6). The simulator (tests/fakes, a test double) fa
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import FAKES
-
-TESTS = Path(__file__).resolve().parent
+from support import TESTS
 
 TRAIN = f"""
 import sys

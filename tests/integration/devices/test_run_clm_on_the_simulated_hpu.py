@@ -20,13 +20,14 @@ import census
 import pytest
 import torch
 from conftest import FAKES, GAUDI_SOFTWARE, ON_DEVICE
+from support import REPO, TESTS
 
 from optimum_gaudi import GaudiConfig
 from optimum_gaudi.configuration.gaudi_config import bundled_configs_dir
 from optimum_gaudi.launch.environment import launch_environment
 from optimum_gaudi.precision.op_lists import config_uses_op_lists, resolve_op_lists
 
-RUN_CLM = Path(__file__).resolve().parent.parent / "examples" / "language-modeling" / "run_clm.py"
+RUN_CLM = REPO / "examples" / "language-modeling" / "run_clm.py"
 TINY = ["--model_type", "gpt2", "--config_overrides", "n_layer=1,n_embd=32,n_head=2", "--block_size", "32"]
 SHORT = ["--max_steps", "2", "--per_device_train_batch_size", "4", "--report_to", "none", "--save_strategy", "no"]
 CONFIGS = sorted(p.stem for p in bundled_configs_dir().glob("*.json"))
@@ -127,12 +128,14 @@ def pytest_on_device(*tests: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
     env.update(PYTHONPATH=FAKES, FAKE_HPU_DEVICE="1", OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
-    return subprocess.run(command, cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(command, cwd=TESTS, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_every_bundled_config_runs_on_the_simulated_device():
     """The matrix below: every bundled config on both Gaudi software generations."""
-    result = pytest_on_device(f"{Path(__file__).name}::test_run_clm_trains_and_evaluates_with_each_bundled_config")
+    result = pytest_on_device(
+        f"{Path(__file__).resolve().relative_to(TESTS)}::test_run_clm_trains_and_evaluates_with_each_bundled_config"
+    )
     passed = f"{len(CONFIGS) * len(GAUDI_SOFTWARE)} passed"
     assert result.returncode == 0 and passed in result.stdout, result.stdout[-4000:]
 
@@ -141,8 +144,9 @@ def test_every_bundled_config_runs_on_the_simulated_device():
 # and optimizer state on the hpu device (in the main pytest process they run on CPU tensors); tests marked
 # `cpu` skip there.
 ON_DEVICE_TOO = [
-    "test_hpu_issue20.py", "test_static_batch.py", "test_seq2seq.py", "test_hpu_user_settings.py",
-    "test_graphs.py", "test_llm_kernels.py",
+    "unit/devices/test_hpu_graphs_launch_and_op_names.py", "unit/features/test_static_batch.py",
+    "unit/trainers/test_seq2seq.py", "unit/devices/test_hpu_user_settings.py", "unit/features/test_graphs.py",
+    "unit/features/test_llm_kernels.py",
 ]  # fmt: skip
 
 

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import pytest
 import tiny
+from support import REPO, SCRIPTS
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed: make test-deepspeed")
 
-REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "examples" / "deepspeed"
-SCRIPT = Path(__file__).parent / "scripts" / "train_deepspeed.py"
-FAULT = Path(__file__).parent / "scripts" / "fault.py"
+SCRIPT = SCRIPTS / "train_deepspeed.py"
+FAULT = SCRIPTS / "fault.py"
 
 STEPS, SAVE_AT, PER_DEVICE_BATCH, MAX_GRAD_NORM = 8, 4, 4, 1.0
 COMMON = [

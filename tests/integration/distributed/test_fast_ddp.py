@@ -2,28 +2,21 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from support import SCRIPTS, free_port
 
 from optimum_gaudi.distributed.fast_ddp import FastDDPError, FusedGradientAllReduce
 
-SCRIPT = str(Path(__file__).parent / "scripts" / "train_tiny.py")
+SCRIPT = str(SCRIPTS / "train_tiny.py")
 COMMON = [
     *("--max_steps", "6", "--logging_steps", "1", "--report_to", "none", "--save_strategy", "no"),
     *("--train_sampling_strategy", "sequential", "--learning_rate", "1e-3", "--seed", "0", "--disable_tqdm", "true"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train(tmp_path, name, nproc, *flags):

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from test_distributed import free_port
+from support import SCRIPTS, TESTS, free_port
 
-SCRIPT = str(Path(__file__).parent / "scripts" / "fsdp_save.py")
+SCRIPT = str(SCRIPTS / "fsdp_save.py")
 
 # Loads every saved folder where nothing of optimum_gaudi is imported and torch.distributed is not initialised,
 # and compares it with the trained weights rank 0 wrote (expected_*.pt): one JSON line of findings.
@@ -55,7 +55,7 @@ def train_and_save(out: Path, state_dict_type: str) -> tuple[dict, dict]:
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     plain = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # the loader imports transformers and peft only
-    loader = [sys.executable, "-c", LOADER, str(out), str(Path(__file__).parent)]
+    loader = [sys.executable, "-c", LOADER, str(out), str(TESTS)]
     loaded = subprocess.run(loader, env=plain, capture_output=True, text=True, timeout=120)
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     report = json.loads(loaded.stdout.splitlines()[-1])

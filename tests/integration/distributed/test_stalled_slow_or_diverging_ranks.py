@@ -14,7 +14,7 @@ import subprocess
 import threading
 
 import pytest
-from test_launch import SCRIPTS, job_environment, launch_command
+from support import SCRIPTS, job_environment, launch_command
 
 
 def test_every_group_the_project_makes_honours_ddp_timeout(tmp_path):

@@ -11,18 +11,18 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
 from datasets import Dataset
 from safetensors.torch import load_file
+from support import REPO
 
 from optimum_gaudi.data.corpus import default_corpus_texts, default_datasets
 from optimum_gaudi.data.tasks import STDLIB_AREAS, docstring_summary_datasets, stdlib_topic_datasets
 from optimum_gaudi.errors import call_main
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = REPO / "examples"
 SCRIPTS = {
     "run_glue": EXAMPLES / "text-classification" / "run_glue.py",
     "run_mlm": EXAMPLES / "language-modeling" / "run_mlm.py",

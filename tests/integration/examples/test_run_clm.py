@@ -5,13 +5,13 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from support import REPO
 
 from optimum_gaudi import GaudiConfig
 
-RUN_CLM = str(Path(__file__).resolve().parent.parent / "examples" / "language-modeling" / "run_clm.py")
+RUN_CLM = str(REPO / "examples" / "language-modeling" / "run_clm.py")
 TINY = ["--model_type", "gpt2", "--config_overrides", "n_layer=1,n_embd=32,n_head=2"]
 
 

@@ -6,13 +6,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from support import REPO
 
 pytest.importorskip("trl")
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "trl"
+EXAMPLES = REPO / "examples" / "trl"
 TINY = ["--max_steps", "2", "--max_train_samples", "16", "--report_to", "none", "--per_device_train_batch_size", "2"]
 GAUDI = ["--use_habana", "--attn_implementation", "gaudi_fused_sdpa", "--bf16", "true"]
 OWN = {

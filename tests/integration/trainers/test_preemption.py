@@ -20,13 +20,13 @@ import psutil
 import pytest
 import safetensors.torch
 import torch
-from test_launch import job_environment, launch_command
+from support import SCRIPTS, job_environment, launch_command
 from transformers import TrainingArguments
 
 from optimum_gaudi.checkpoints import checkpoint_problem, checkpoint_step, latest_complete_checkpoint
 from optimum_gaudi.trainers.preemption import EXIT_CODE
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_preemptible.py"
+SCRIPT = SCRIPTS / "train_preemptible.py"
 STEPS = 200
 FLAGS = (
     "--max_steps", str(STEPS), "--save_strategy", "steps", "--save_steps", "50", "--logging_steps", "1",

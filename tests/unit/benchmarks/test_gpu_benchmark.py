@@ -6,12 +6,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
+from support import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 sys.path.insert(0, str(ROOT))
+
 
 from benchmarks import gpu  # noqa: E402
 from benchmarks.run import gpu_section  # noqa: E402

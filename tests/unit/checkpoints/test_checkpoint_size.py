@@ -105,8 +105,10 @@ def test_fsdp2_sharded_checkpoints_without_room_are_refused_before_step_1_in_one
     tracebacks at the first save)."""
     import subprocess
 
-    from test_launch import job_environment, launch_command
-    from test_sharded_checkpoints import FLAGS, SCRIPT, WRAP
+    from support import SHARDED_FLAGS as FLAGS
+    from support import SHARDED_SCRIPT as SCRIPT
+    from support import SHARDED_WRAP as WRAP
+    from support import job_environment, launch_command
 
     args = GaudiTrainingArguments(output_dir=str(tmp_path), report_to="none")
     half = estimate_checkpoint_size(tiny.llama(), args).total // 2

@@ -28,6 +28,7 @@ import safetensors.torch
 import tiny
 import torch
 import transformers
+from support import SCRIPTS
 from transformers import TrainerCallback
 from transformers.trainer_callback import TrainerState
 
@@ -43,8 +44,6 @@ from optimum_gaudi.checkpoints import (
     rotate_checkpoints,
 )
 from optimum_gaudi.errors import UserError
-
-SCRIPTS = Path(__file__).parent / "scripts"
 
 
 def make_trainer(out: Path, callbacks=(), eval_dataset=None, **flags) -> GaudiTrainer:

@@ -21,7 +21,10 @@ import safetensors.torch
 import tiny
 import torch
 import torch.distributed.checkpoint as dcp
-from test_launch import job_environment, launch_command
+from support import SHARDED_FLAGS as FLAGS
+from support import SHARDED_SCRIPT as SCRIPT
+from support import SHARDED_WRAP as WRAP
+from support import job_environment, launch_command
 from transformers.trainer_callback import TrainerState
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
@@ -35,14 +38,6 @@ from optimum_gaudi.checkpoints import (
     resolve_resume,
 )
 from optimum_gaudi.errors import UserError
-
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "train_sharded.py"
-WRAP = '"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]'
-FLAGS = (
-    "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "2", "--logging_steps", "1", "--seed", "0",
-    "--report_to", "none", "--disable_tqdm", "true", "--fsdp", "full_shard auto_wrap",
-)  # fmt: skip
-
 
 # ---- the checks, on a checkpoint laid out as FSDP writes it ---------------------------------------------------
 

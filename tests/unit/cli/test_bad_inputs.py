@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support import REPO
 
 from optimum_gaudi import cli
 from optimum_gaudi.errors import EXIT_USER_ERROR, call_main
 
-REPO = Path(__file__).resolve().parent.parent
 RUN_CLM = REPO / "examples" / "language-modeling" / "run_clm.py"
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 TINY = "n_layer=1,n_embd=16,n_head=2,n_positions=64"

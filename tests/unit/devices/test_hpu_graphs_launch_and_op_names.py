@@ -6,12 +6,12 @@ simulator models the behaviour involved, and each test failed before its fix.
 """
 
 import inspect
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from test_seq2seq import PadCollator, tiny_decoder_only, tiny_t5
+from support import REPO, SCRIPTS
+from tiny import PadCollator, tiny_decoder_only, tiny_t5
 from transformers import GPT2Config, GPT2ForSequenceClassification
 
 from optimum_gaudi import GaudiSeq2SeqTrainer, GaudiSeq2SeqTrainingArguments, GaudiTrainer, GaudiTrainingArguments
@@ -204,7 +204,7 @@ def test_launch_lets_the_script_set_lazy_mode_in_code_on_gaudi_software_1_19(tmp
     script = tmp_path / "lazy_in_code.py"
     script.write_text(LAZY_IN_CODE)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "WORLD_SIZE", "RANK"))}
-    repo = str(Path(__file__).resolve().parent.parent)  # this checkout's optimum_gaudi, in the launched script too
+    repo = str(REPO)  # this checkout's optimum_gaudi, in the launched script too
     env.update(PYTHONPATH=os.pathsep.join([FAKES, repo]), OMP_NUM_THREADS="1", FAKE_HPU_SOFTWARE="1.19")
     command = [sys.executable, "-m", "optimum_gaudi", "launch", str(script), str(tmp_path / "out")]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
@@ -226,7 +226,7 @@ def test_setup_requires_the_accelerate_release_transformers_needs_for_a_gaudi():
 
     source = inspect.getsource(import_utils.is_torch_hpu_available)
     needed = re.search(r'torch_hpu_min_accelerate_version = "([\d.]+)"', source).group(1)
-    setup = (Path(__file__).resolve().parent.parent / "setup.py").read_text()
+    setup = (REPO / "setup.py").read_text()
     floor = re.search(r'"accelerate>=([\d.]+)"', setup).group(1)
     assert Version(floor) >= Version(needed)
 
@@ -266,7 +266,7 @@ def test_the_launcher_checks_no_op_name_and_imports_no_torch(bridge):
         "import sys; from optimum_gaudi.launch.environment import launch_environment; "
         "assert launch_environment(['--gaudi_config_name', 'gpt2']); print('torch' in sys.modules)"
     )
-    repo = str(Path(__file__).resolve().parent.parent)
+    repo = str(REPO)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([FAKES, repo])}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -525,7 +525,7 @@ def test_each_fix_the_undo_script_takes_out_is_still_where_it_names_it():
     tree, and takes a few minutes). Here only that each fix's text and each test it names are still there."""
     import runpy
 
-    script = runpy.run_path(str(Path(__file__).parent / "scripts" / "without_the_fixes.py"))
+    script = runpy.run_path(str(SCRIPTS / "without_the_fixes.py"))
     assert {undo.point for undo in script["UNDOS"]} >= {str(point) for point in range(1, 12)}
     for undo in script["UNDOS"]:
         for file, fixed, _ in undo.edits:

@@ -9,7 +9,6 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +17,6 @@ from conftest import FAKES, FALLBACK_DEVICE, GAUDI_SOFTWARE
 from optimum_gaudi import GaudiArgumentError, GaudiConfig, GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.devices import HPUDevice
 
-REPO = Path(__file__).resolve().parent.parent
 GRAPH_FORWARD = "hpu.wrap_in_hpu_graph.forward"  # the simulator's record of each graph-wrapped forward
 BOTH = pytest.mark.parametrize("gaudi_software", GAUDI_SOFTWARE, indirect=True)
 

@@ -16,13 +16,14 @@ import census
 import pytest
 import tiny
 from conftest import FAKES, TORCHAO_DIR, has_torchao, use_torchao
+from support import DATA, REPO, SCRIPTS, TESTS
 
 from optimum_gaudi import GaudiTrainingArguments
 from optimum_gaudi.distributed.fsdp import FsdpConfigError, fsdp2_config, read_fsdp_config, wrap_this_models_layers
 from optimum_gaudi.trainers.training_args import GaudiArgumentError
 
-SCRIPT = Path(__file__).parent / "scripts" / "fsdp_features.py"
-HABANA_FSDP_CONFIG = Path(__file__).parent / "data" / "optimum_habana_fsdp_config.json"
+SCRIPT = SCRIPTS / "fsdp_features.py"
+HABANA_FSDP_CONFIG = DATA / "optimum_habana_fsdp_config.json"
 FP32_CASES = ("fused", "lora", "compile", "gpt2")
 CASES = [*FP32_CASES, "autocast", *(["fp8"] if has_torchao else [])]
 EXACT = 1e-5  # float32 sums in another order
@@ -197,7 +198,7 @@ def test_optimum_habanas_fsdp_config_means_the_same_under_fsdp2():
 def test_the_example_fsdp_config_is_optimum_habanas_with_sharded_checkpoints():
     """The README's 70B command passes examples/language-modeling/fsdp_config.json: the same settings, except that
     checkpoints are sharded (optimum-habana's gathers each on rank 0)."""
-    example = Path(__file__).resolve().parent.parent / "examples" / "language-modeling" / "fsdp_config.json"
+    example = REPO / "examples" / "language-modeling" / "fsdp_config.json"
     ours, theirs = (fsdp2_config(read_fsdp_config(str(path))) for path in (example, HABANA_FSDP_CONFIG))
     assert ours.pop("state_dict_type") == "SHARDED_STATE_DICT" and theirs.pop("state_dict_type") == "FULL_STATE_DICT"
     assert ours == theirs
@@ -264,7 +265,7 @@ def test_lazy_mode_with_fsdp_on_a_simulated_gaudi_stops_at_the_arguments(tmp_pat
     """Gaudi software 1.19 (lazy by default), one rank over 'hccl': one line, nothing trained. Without the check the
     first forward's freeing of a gathered parameter (``untyped_storage().resize_``, which runs ``set_``) aborts the
     process in the bridge's lazy kernels (``habana_kernels/lazy_kernels.cpp``), as the simulator does."""
-    tests = str(Path(__file__).parent)
+    tests = str(TESTS)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
     env.update(PYTHONPATH=os.pathsep.join([FAKES, tests]), FAKE_HPU_DEVICE="1", FAKE_HPU_SOFTWARE="1.19")
     env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")

@@ -6,17 +6,17 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import census
 import pytest
 import tiny
 import torch
 from conftest import FAKES
+from support import SCRIPTS
 
 from optimum_gaudi import GaudiTrainingArguments
 
-SCRIPT = Path(__file__).parent / "scripts" / "train_sequence_parallel.py"
+SCRIPT = SCRIPTS / "train_sequence_parallel.py"
 COMMON = dict(max_steps=2, gradient_accumulation_steps=2, optim="sgd", learning_rate=0.5, logging_steps=1)
 COMMON |= dict(report_to="none", save_strategy="no", train_sampling_strategy="sequential", disable_tqdm=True)
 

@@ -9,17 +9,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from support import REPO
 
 from optimum_gaudi.errors import call_main
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs the [peft] extra")
 
-EXAMPLE_DIR = Path(__file__).resolve().parent.parent / "examples" / "language-modeling"
+EXAMPLE_DIR = REPO / "examples" / "language-modeling"
 QUIET = ["--report_to", "none", "--disable_tqdm", "true", "--save_strategy", "no"]
 CHAT_TEMPLATE = "{% for m in messages %}<|user|>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 

@@ -14,12 +14,12 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
 from conftest import has_torchao
+from support import SCRIPTS
 from tiny import NO_DROPOUT, gpt2, lm_data
 from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.loss.loss_utils import ForCausalLMLoss
@@ -408,7 +408,7 @@ def test_fsdp_sharded_heads_give_the_models_own_losses(tmp_path):
     """FSDP2 on 2 processes, an untied Llama: the output layer in the root unit, and as a unit of its own (resharded
     after its forward, so the loss gathers it again and FSDP reduce-scatters its gradient), also with the chunk
     step compiled (regional compilation)."""
-    script = Path(__file__).parent / "scripts" / "fused_loss_fsdp.py"
+    script = SCRIPTS / "fused_loss_fsdp.py"
     out = tmp_path / "out.json"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -19,19 +19,17 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import FAKES
+from support import LAUNCH_ENV, REPO, SCRIPTS, job_environment, launch_command
 
 from optimum_gaudi.cli import main
 from optimum_gaudi.launch import launcher
 from optimum_gaudi.launch import plan as launch_plan
 from optimum_gaudi.precision.op_lists import BF16_LIST_ENV, FP32_LIST_ENV, LIST_FILES_ENV
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
 ALLREDUCE = SCRIPTS / "allreduce.py"
 FAULT = SCRIPTS / "fault.py"
 BAD_FLAG = SCRIPTS / "bad_flag.py"
 DEEPSPEED_CONFIGS = REPO / "examples" / "deepspeed"
-LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
 @pytest.fixture(autouse=True)
@@ -376,17 +374,6 @@ def test_master_watch_waits_for_node_0_to_have_been_up_then_counts_refusals(monk
 
 
 # ---- real jobs on loopback -------------------------------------------------------------------------------------
-
-
-def job_environment() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV and not k.startswith(("PET_", "TORCHELASTIC_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
-def launch_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "optimum_gaudi", "launch", *args]
 
 
 def records(directory: Path) -> list[dict]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import REPO
 from tiny import losses
 from transformers import Seq2SeqTrainingArguments, Trainer, TrainingArguments
 
@@ -22,8 +23,6 @@ from optimum_gaudi import (
     GaudiTrainingArguments,
 )
 from optimum_gaudi.precision.op_lists import BF16_LIST_ENV, FP32_LIST_ENV, resolve_op_lists
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _kwargs(tmp_path):

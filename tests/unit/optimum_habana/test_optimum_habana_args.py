@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from support import REPO
 from transformers import HfArgumentParser
 
 from optimum_gaudi import GaudiArgumentError, GaudiTrainer, GaudiTrainingArguments
@@ -290,12 +291,11 @@ flash_attention_fp8 sdp_on_bf16 fp8""".split()
 def test_every_optimum_habana_field_parses_and_is_in_the_docs_table(tmp_path):
     import dataclasses
     import re
-    from pathlib import Path
 
     assert len(OPTIMUM_HABANA_FIELDS) == 43
     ours = {f.name for f in dataclasses.fields(GaudiTrainingArguments)}
     assert set(OPTIMUM_HABANA_FIELDS) <= ours
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "optimum-habana.md").read_text(encoding="utf-8")
+    doc = (REPO / "docs" / "optimum-habana.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| `(\w+)` \|", doc.split("## The fields", 1)[1].split("## ", 1)[0], flags=re.M)
     assert rows == OPTIMUM_HABANA_FIELDS
 

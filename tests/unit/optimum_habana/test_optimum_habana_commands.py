@@ -31,10 +31,10 @@ import census
 import pytest
 import torch
 from conftest import FAKES, use_torchao
+from support import TESTS
 
 from optimum_gaudi.errors import UserError
 
-TESTS = Path(__file__).resolve().parent
 EXAMPLES = TESTS.parent / "examples"
 DATA = json.loads((TESTS / "data" / "optimum_habana_commands.json").read_text(encoding="utf-8"))
 SCRIPTS = {

@@ -14,11 +14,10 @@ import functools
 import re
 import sys
 from importlib.metadata import packages_distributions
-from pathlib import Path
 
 import pytest
+from support import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 DOC = (REPO / "docs" / "optimum-habana.md").read_text(encoding="utf-8")
 STAND_IN = (REPO / "tests" / "data" / "optimum_habana_imports.txt").read_text(encoding="utf-8")
 

@@ -11,12 +11,13 @@ import re
 from pathlib import Path
 
 import pytest
+from support import REPO
 
 from optimum_gaudi import GaudiConfig, GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.trainers import internals
 from optimum_gaudi.trainers.internals import INTERNALS, STDLIB, Internal, InternalsError, check_internals
 
-PACKAGE = Path(__file__).resolve().parents[1] / "optimum_gaudi"
+PACKAGE = REPO / "optimum_gaudi"
 # The Gaudi trainers' own files: a private name they set on ``self`` that transformers' Trainer also sets is
 # Trainer state written, not ours.
 MIXIN_FILES = {"trainers/trainer.py", "trainers/seq2seq.py", "trainers/trl.py"}

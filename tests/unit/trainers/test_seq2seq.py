@@ -2,31 +2,21 @@
 
 import pytest
 import torch
+from tiny import SEQ2SEQ_VOCAB as VOCAB
+from tiny import PadCollator, tiny_decoder_only, tiny_t5
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
     GenerationConfig,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
-    T5Config,
-    T5ForConditionalGeneration,
 )
 
 from optimum_gaudi import GaudiSeq2SeqTrainer, GaudiSeq2SeqTrainingArguments
 from optimum_gaudi.devices import HPUDevice
 from optimum_gaudi.trainers.seq2seq import STATIC_INPUT_MULTIPLE, pad_encoder_inputs
 
-VOCAB = 40
 FIRST_WORD = 4  # ids below are special tokens in both configs
-
-
-def tiny_t5():
-    torch.manual_seed(0)
-    config = T5Config(
-        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2,
-        pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
-    )  # fmt: skip
-    return T5ForConditionalGeneration(config)
 
 
 def tiny_bart():
@@ -51,25 +41,6 @@ def reversal_data(n=24, seed=0):
         words = torch.randint(FIRST_WORD, VOCAB, (length,), generator=g).tolist()
         rows.append({"input_ids": words, "labels": words[::-1]})
     return rows
-
-
-class PadCollator:
-    """Right-pads inputs with the model's pad id and labels with -100, as DataCollatorForSeq2Seq does."""
-
-    def __init__(self, pad_token_id):
-        self.pad = pad_token_id
-
-    def __call__(self, rows):
-        def pad(seqs, value):
-            width = max(len(s) for s in seqs)
-            return torch.tensor([s + [value] * (width - len(s)) for s in seqs])
-
-        ids = [r["input_ids"] for r in rows]
-        return {
-            "input_ids": pad(ids, self.pad),
-            "attention_mask": pad([[1] * len(s) for s in ids], 0),
-            "labels": pad([r["labels"] for r in rows], -100),
-        }
 
 
 def exact_match(prediction):
@@ -202,17 +173,6 @@ class LeftPadCollator:
         mask = [[0] * (width - len(r["input_ids"])) + [1] * len(r["input_ids"]) for r in rows]
         labels = [r["labels"] + [-100] * (width - len(r["labels"])) for r in rows]
         return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor(labels)}
-
-
-def tiny_decoder_only():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=64, pad_token_id=0, bos_token_id=2, eos_token_id=1,
-    )  # fmt: skip
-    return LlamaForCausalLM(config)
 
 
 def test_static_generation_of_a_decoder_only_model_pads_the_prompt_on_the_left(bridge, tmp_path):

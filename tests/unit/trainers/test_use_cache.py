@@ -5,9 +5,9 @@ still means what it means on transformers 5 (issue 32, point 2)."""
 import importlib
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
+from support import REPO
 from transformers import HfArgumentParser, Trainer, TrainingArguments
 
 from optimum_gaudi import GaudiSeq2SeqTrainingArguments, GaudiTrainer, GaudiTrainingArguments
@@ -80,7 +80,7 @@ def test_plain_trainer_with_transformers_arguments_is_unchanged(tmp_path, tiny_g
 
 def load_run_clm():
     """The example as the other examples import it (its folder on sys.path)."""
-    folder = str(Path(__file__).resolve().parents[1] / "examples" / "language-modeling")
+    folder = str(REPO / "examples" / "language-modeling")
     if folder not in sys.path:
         sys.path.insert(0, folder)
     return importlib.import_module("run_clm")

@@ -1,0 +1,48 @@
+"""What test files in several folders share: the repository's folders, and the real jobs they start with
+`optimum-gaudi launch` (tests/ is on sys.path: conftest.py sits in it; tests/scripts put it there themselves).
+
+Test files do not import each other: with pytest's default import mode, a test file's folder is on sys.path
+only once pytest has collected it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+SCRIPTS = TESTS / "scripts"
+DATA = TESTS / "data"
+EXAMPLES = REPO / "examples"
+
+LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def job_environment() -> dict[str, str]:
+    """This process's environment less the launcher's variables, with this checkout's optimum_gaudi first."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV and not k.startswith(("PET_", "TORCHELASTIC_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def launch_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "optimum_gaudi", "launch", *args]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# FSDP2's sharded checkpoints on a tiny Llama (tests/scripts/train_sharded.py): the sharded-checkpoint launches and
+# the check for room before step 1 share them
+SHARDED_SCRIPT = SCRIPTS / "train_sharded.py"
+SHARDED_WRAP = '"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]'
+SHARDED_FLAGS = (
+    "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "2", "--logging_steps", "1", "--seed", "0",
+    "--report_to", "none", "--disable_tqdm", "true", "--fsdp", "full_shard auto_wrap",
+)  # fmt: skip
