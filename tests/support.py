@@ -46,3 +46,18 @@ SHARDED_FLAGS = (
     "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "2", "--logging_steps", "1", "--seed", "0",
     "--report_to", "none", "--disable_tqdm", "true", "--fsdp", "full_shard auto_wrap",
 )  # fmt: skip
+
+
+def checkpointing_trainer(out: Path, callbacks=(), eval_dataset=None, **flags):
+    """A GaudiTrainer on the tiny GPT-2 that saves a checkpoint every step (the crash-safe checkpoint tests)."""
+    import tiny
+
+    from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
+
+    args = GaudiTrainingArguments(
+        output_dir=str(out), per_device_train_batch_size=4, learning_rate=1e-3, report_to="none",
+        disable_tqdm=True, logging_steps=1, seed=0, **{"save_strategy": "steps", "save_steps": 1, **flags},
+    )  # fmt: skip
+    return GaudiTrainer(
+        model=tiny.gpt2(), args=args, train_dataset=tiny.lm_data(), eval_dataset=eval_dataset, callbacks=list(callbacks)
+    )

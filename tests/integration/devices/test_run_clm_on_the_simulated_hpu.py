@@ -146,7 +146,7 @@ def test_every_bundled_config_runs_on_the_simulated_device():
 ON_DEVICE_TOO = [
     "unit/devices/test_hpu_graphs_launch_and_op_names.py", "unit/features/test_static_batch.py",
     "unit/trainers/test_seq2seq.py", "unit/devices/test_hpu_user_settings.py", "unit/features/test_graphs.py",
-    "unit/features/test_llm_kernels.py",
+    "unit/features/test_llm_kernels.py", "integration/devices/test_hpu_launch_and_lazy_mode.py",
 ]  # fmt: skip
 
 

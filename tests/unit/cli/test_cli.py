@@ -1,7 +1,6 @@
 import importlib.metadata
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -159,11 +158,3 @@ def test_usage_errors_and_help_return_exit_codes(capsys):
     assert main([]) == 2
     assert main(["--help"]) == 0
     assert "plot" in capsys.readouterr().out
-
-
-def test_python_dash_m_runs_the_cli(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "optimum_gaudi", "plot", str(tmp_path / "nope")], capture_output=True, text=True
-    )
-    assert result.returncode == 2
-    assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr

@@ -1,16 +1,16 @@
 """optimum-habana's API shapes: GaudiTrainer(model, gaudi_config, args, ...), the GaudiConfig methods its scripts
-call, and `optimum_gaudi.utils` (set_seed, check_optimum_habana_min_version, adapt_transformers_to_gaudi)."""
+call, and `optimum_gaudi.utils` (set_seed, check_optimum_habana_min_version, adapt_transformers_to_gaudi).
+
+`optimum_gaudi.utils` in a fresh process: tests/integration/optimum_habana/test_habana_api_in_a_fresh_process.py."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from support import REPO
 from tiny import losses
 from transformers import Seq2SeqTrainingArguments, Trainer, TrainingArguments
 
@@ -136,19 +136,6 @@ def test_push_to_hub_uploads_gaudi_config_json(monkeypatch):
     assert config.push_to_hub("me/cfg", token="t") == "https://huggingface.co/me/cfg/commit/1"
     assert uploaded["repo"] == ("me/cfg", None, True) and uploaded["path"] == "gaudi_config.json"
     assert json.loads(uploaded["content"]) == config.to_dict() and uploaded["token"] == "t"
-
-
-# ---- optimum_gaudi.utils -------------------------------------------------------------------------------------
-
-
-def test_utils_is_a_public_path_without_warning():
-    code = (
-        "import warnings; warnings.simplefilter('error')\n"
-        "from optimum_gaudi.utils import set_seed, check_optimum_habana_min_version, adapt_transformers_to_gaudi\n"
-        "print(set_seed.__module__)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
-    assert out.stdout.split() == ["optimum_gaudi.trainers.habana_compat"]
 
 
 def test_set_seed_seeds_torch_as_transformers_does():

@@ -1,0 +1,164 @@
+"""A stalled rank never wastes the cluster (issue 38), in process on a store in memory: SIGTERM's agreement on the
+step to stop after costs no collective, and the progress watchdog names a rank behind or stopped (never in the
+first step, nor a rank whose training ended) with a limit from the run's own times. The multi-process launches:
+tests/integration/distributed/test_stalled_slow_or_diverging_ranks.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+
+
+class FakeStore:
+    """The slice of a c10d store the watchdog and SIGTERM's agreement use, in memory."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+
+    def set(self, key, value):
+        self.data[key] = value.encode() if isinstance(value, str) else value
+
+    def get(self, key):
+        return self.data[key]
+
+    def check(self, keys):
+        return all(key in self.data for key in keys)
+
+    def multi_get(self, keys):
+        return [self.data[key] for key in keys]
+
+    def compare_set(self, key, expected, desired):
+        with self.lock:
+            if key not in self.data and expected == "":
+                self.data[key] = desired.encode()
+            return self.data[key]
+
+
+def test_sigterm_to_every_rank_stops_after_the_step_in_flight_and_to_some_after_the_next():
+    """SIGTERM's agreement (distributed/agreement.py) on a store in memory: ranks asked at the ends of steps 3
+    and 4 (a step end apart) stop after 4; a rank asked alone makes every rank stop after the next step."""
+    from optimum_gaudi.distributed.agreement import StopAgreement
+
+    store = FakeStore()
+    ranks = [StopAgreement(store, rank, 2, serial=0) for rank in (0, 1)]  # as two processes' first
+    results = {}
+    threads = [
+        threading.Thread(target=lambda r=r, s=s: results.update({r: ranks[r].step_end(s, True, 5.0)}))
+        for r, s in ((0, 3), (1, 4))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == {0: False, 1: True} and [a.stop_after for a in ranks] == [4, 4]
+    assert ranks[0].step_end(4, True) is True
+
+    store = FakeStore()
+    alone, other = StopAgreement(store, 1, 2, serial=0), StopAgreement(store, 0, 2, serial=0)
+    assert other.step_end(5, False) is False  # rank 0 ended step 5 before rank 1 said anything
+    assert alone.step_end(5, True, wait_seconds=0.05) is False  # rank 0 never answers: after step 6
+    assert (other.step_end(6, False), alone.step_end(6, True)) == (True, True)
+
+
+def watchdog_pair(tmp_path, limit=1.0):
+    """Rank 0's watchdog and a way to publish rank 1's heartbeat; a verdict is recorded, not acted on."""
+    from optimum_gaudi.distributed import watchdog
+
+    store = FakeStore()
+    dog = watchdog.Watchdog(store, 0, 2, tmp_path, limit=limit)
+    verdicts = []
+    dog._finish = lambda verdict, decided, beats=None: verdicts.append(verdict)
+
+    def peer(beat: int, progress: int, paused=None):
+        record = watchdog.Beat(beat, progress, 0, paused, 1, "elsewhere")
+        store.set(dog._key("beat/1"), json.dumps(dataclasses.asdict(record)))
+
+    return dog, peer, verdicts
+
+
+def test_the_watchdog_waits_for_a_rank_behind_it_that_saves_and_names_a_stopped_one_even_while_paused(tmp_path):
+    dog, peer, verdicts = watchdog_pair(tmp_path)
+    dog.step_begin(1)
+    dog.step_end(1)  # armed after the first step
+    dog.step_begin(2)
+    dog._last_progress -= 5  # no progress for 5 s, over the 1 s limit
+    peer(1, 2, paused="a save")  # rank 1 saves, behind rank 0 (after step 1): rank 0 waits for it
+    dog._tick()
+    peer(2, 2, paused="a save")
+    dog._tick()
+    assert verdicts == []
+    dog.pause("an evaluation")  # rank 0 evaluates; rank 1 stops beating: seen from a paused rank too
+    dog._seen[1] = (2, dog._seen[1][1] - 2)
+    dog._tick()
+    assert [v["ranks"] for v in verdicts] == [[1]] and "stopped running" in verdicts[0]["why"]
+
+
+def test_the_watchdog_names_the_rank_behind_and_never_fires_in_the_first_step(tmp_path):
+    dog, peer, verdicts = watchdog_pair(tmp_path)
+    dog.step_begin(1)
+    dog._last_progress -= 5  # the first step (compilation) takes 5 s: no verdict
+    peer(1, 1)
+    dog._tick()
+    assert verdicts == [] and dog._paused == "the first step"
+    dog.step_end(1)
+    dog.step_begin(2)
+    dog._last_progress -= 5
+    peer(2, 2)  # rank 1 alive, still after step 1: rank 0 waits in step 2's collective for it
+    dog._tick()
+    assert [v["ranks"] for v in verdicts] == [[1]] and "went on to the next collective" in verdicts[0]["why"]
+    assert verdicts[0]["where"] == "after step 1"
+
+
+def test_a_rank_stopped_before_its_watchdogs_first_tick_is_named_as_stopped(tmp_path):
+    """Each watchdog publishes a heartbeat as it starts, so a rank stopped after a few fast steps, before its thread
+    first ticked, is seen (and continued, to write its stacks) as any other; a rank never heard from at all counts
+    as stopped once the first step (which it took part in) ended a limit ago. CI saw the first case named 'rank 0:
+    every rank waits'."""
+    from optimum_gaudi.distributed import watchdog
+
+    store = FakeStore()
+    first = watchdog.Watchdog(store, 1, 2, tmp_path, limit=1.0)
+    first._run = lambda: None  # its thread never ticks: the process stops first
+    first.start()
+    assert json.loads(store.get(first._key("beat/1")))["pid"] == os.getpid()
+    dog, _, verdicts = watchdog_pair(tmp_path)
+    dog._store = first._store
+    dog.step_begin(1)
+    dog.step_end(1)
+    dog._tick()
+    dog._seen[1] = (1, dog._seen[1][1] - 2)  # its first beat, 2 s ago
+    dog._tick()
+    assert [v["ranks"] for v in verdicts] == [[1]] and "stopped running" in verdicts[0]["why"]
+
+    lonely, _, verdicts = watchdog_pair(tmp_path)  # rank 1 never published anything
+    lonely.step_begin(1)
+    lonely.step_end(1)
+    lonely._tick()
+    assert verdicts == []
+    lonely._armed_at -= 2
+    lonely._tick()
+    assert [v["ranks"] for v in verdicts] == [[1]] and "stopped running" in verdicts[0]["why"]
+
+
+def test_a_rank_whose_training_ended_is_not_taken_for_a_stopped_one(tmp_path):
+    from optimum_gaudi.distributed.watchdog import FINISHED
+
+    dog, peer, verdicts = watchdog_pair(tmp_path)
+    dog.step_begin(1)
+    dog.step_end(1)
+    peer(7, 2, paused=FINISHED)
+    dog._tick()
+    dog._seen[1] = (7, dog._seen[1][1] - 10)
+    dog._tick()
+    assert verdicts == []
+
+
+def test_the_default_limit_comes_from_the_runs_own_times_with_a_floor():
+    from optimum_gaudi.distributed.watchdog import AUTO_FLOOR_SECONDS, auto_limit
+
+    assert auto_limit(0.5, 10.0) == AUTO_FLOOR_SECONDS == 60
+    assert auto_limit(12.0, 10.0) == 120  # 10 x the slowest step
+    assert auto_limit(1.0, 90.0) == 180  # 2 x the slowest save or evaluation
