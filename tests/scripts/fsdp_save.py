@@ -1,4 +1,4 @@
-"""Train tiny models under FSDP2 on CPU processes and save them, for tests/test_full_weights.py (under torchrun).
+"""Train tiny models under FSDP2 on CPU processes and save them, for tests/integration/distributed/test_full_weights.py (under torchrun).
 
 `fsdp_save.py OUT STATE_DICT_TYPE`: with FULL_STATE_DICT a tiny Llama with tied embeddings trains 4 steps with a
 checkpoint at step 2, then a second trainer resumes from that checkpoint, and a Mixtral's trainer is refused as it

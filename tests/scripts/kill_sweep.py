@@ -9,7 +9,7 @@ staging directory exists at that moment). After each kill the newest complete ch
 picks) must load; the next round must resume from it and get as far as its own next save. Prints the counts
 as one JSON line: kills, kills during a save, unusable newest checkpoints, failed resumes.
 Slow (each round starts a Python with torch and transformers): the pytest version forks instead
-(tests/test_checkpoints.py).
+(tests/integration/checkpoints/test_checkpoints_killed_or_on_a_full_disk.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Train a tiny GPT-2 several times in the same processes, with and without DeepSpeed, and write what happened.
 
-Used by tests/test_deepspeed.py under ``optimum-gaudi launch`` (torchrun or DeepSpeed's launcher):
+Used by tests/integration/distributed/test_deepspeed.py under ``optimum-gaudi launch`` (torchrun or DeepSpeed's launcher):
 
     train_deepspeed.py OUT_DIR PLAN.json [GaudiTrainingArguments flags shared by every run...]
 

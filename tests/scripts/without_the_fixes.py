@@ -19,11 +19,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
-I20, STATIC, LAUNCH = "test_hpu_issue20.py", "test_static_batch.py", "test_launch.py"
-FSDP = "test_fsdp.py"
-COMMANDS = "test_optimum_habana_commands.py"
-USER_SETTINGS = "test_hpu_user_settings.py"
-STALLS = "test_stalls.py"
+I20 = "unit/devices/test_hpu_graphs_launch_and_op_names.py"
+I20_LAUNCHED = "integration/devices/test_hpu_launch_and_lazy_mode.py"
+STATIC = "unit/features/test_static_batch.py"
+LAUNCH, LAUNCH_JOBS = "unit/launch/test_launch_settings.py", "integration/launch/test_launch_jobs.py"
+FSDP = "integration/distributed/test_fsdp_trainings.py"
+COMMANDS = "unit/optimum_habana/test_optimum_habana_commands.py"
+USER_SETTINGS = "unit/devices/test_hpu_user_settings.py"
+STALLS = "unit/distributed/test_watchdog_and_sigterm_agreement.py"
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ UNDOS = (
                                '    exported = None\n    env[LAZY_MODE_ENV] = "1" if lazy else "0"\n'),),
          (f"{I20}::test_launch_environment_leaves_lazy_mode_to_the_user",
           f"{I20}::test_launch_refuses_an_exported_lazy_mode_the_arguments_contradict",
-          f"{I20}::test_launch_lets_the_script_set_lazy_mode_in_code_on_gaudi_software_1_19")),
+          f"{I20_LAUNCHED}::test_launch_lets_the_script_set_lazy_mode_in_code_on_gaudi_software_1_19")),
     Undo("deepspeed-env", "4", (("optimum_gaudi/launch/launcher.py",
                                  "env.update(deepspeed_env_file(plan, env, private))", "pass"),),
          (f"{LAUNCH}::test_deepspeed_over_ssh_gets_the_bridge_environment_through_a_private_env_file",), device=False),
@@ -55,7 +58,7 @@ UNDOS = (
          (f"{I20}::test_setup_requires_the_accelerate_release_transformers_needs_for_a_gaudi",)),
     Undo("broken-bridge", "6", (("optimum_gaudi/devices/hpu.py", "        _hide_broken_bridge()\n        return False",
                                  "        return False"),),
-         ("test_bridge_failure.py",), device=False),  # a bridge that cannot load: no device
+         ("integration/devices/test_bridge_that_cannot_load.py",), device=False),  # a bridge that cannot load: no device
     Undo("masked-padding", "7", (("optimum_gaudi/features/static_batches.py",
                                   "        return padded if self.masked else None", "        return None"),),
          (f"{STATIC}::test_a_masked_short_batch_runs_the_full_batches_graph",)),
@@ -74,7 +77,7 @@ UNDOS = (
          (f"{I20}::test_op_names_of_the_running_torch_are_accepted_and_a_typo_is_not",)),
     Undo("decoder-left-pad", "10", (("optimum_gaudi/trainers/seq2seq.py", 'side = "right" if encoder_decoder else "left"',
                                      'side = "right"'),),
-         ("test_seq2seq.py::test_static_generation_of_a_decoder_only_model_pads_the_prompt_on_the_left",)),
+         ("unit/trainers/test_seq2seq.py::test_static_generation_of_a_decoder_only_model_pads_the_prompt_on_the_left",)),
     Undo("decoding-bypass", "10", (("optimum_gaudi/devices/hpu.py", "            if not replayable((args, kwargs)):",
                                     "            if False:"),),
          (f"{I20}::test_decoding_under_an_inference_graph_scores_as_without_it",)),  # T5's steps; Llama's replay right
@@ -90,7 +93,7 @@ UNDOS = (
     Undo("group-rank", "11", (("optimum_gaudi/launch/plan.py",
                                '    e["GROUP_RANK"] = str(int(e["RANK"]) // int(e["LOCAL_WORLD_SIZE"]))',
                                '    e["GROUP_RANK"] = e["OMPI_COMM_WORLD_NODE_RANK"]'),),
-         (f"{LAUNCH}::test_mpi_worker_gives_each_rank_the_torch_variables",), device=False),
+         (f"{LAUNCH_JOBS}::test_mpi_worker_gives_each_rank_the_torch_variables",), device=False),
     Undo("ddp-second-train", "11", (("optimum_gaudi/trainers/trainer.py",
                                      "        if graphed is not model and graphed is not self.accelerator.unwrap_model("
                                      "model, keep_torch_compile=False):",
@@ -111,10 +114,10 @@ UNDOS = (
     Undo("op-list-dir-owner", "11", (("optimum_gaudi/precision/op_lists.py",
                                       "    if path.is_symlink() or info.st_uid != os.getuid() or info.st_mode & 0o022:",
                                       "    if False:"),),
-         ("test_configuration.py::test_op_list_files_live_in_a_directory_only_this_user_can_write",), device=False),
+         ("unit/configuration/test_configuration.py::test_op_list_files_live_in_a_directory_only_this_user_can_write",), device=False),
     Undo("op-list-by-content", "11", (("optimum_gaudi/precision/op_lists.py", "    if current != text:",
                                        "    if current is None:"),),
-         ("test_configuration.py::test_op_list_files_live_in_a_directory_only_this_user_can_write",), device=False),
+         ("unit/configuration/test_configuration.py::test_op_list_files_live_in_a_directory_only_this_user_can_write",), device=False),
     Undo("unused-parameters", "11", (("optimum_gaudi/trainers/trainer.py", "            parameter.grad = None  # as eager",
                                       "            pass  # as eager"),),
          (f"{I20}::test_a_parameter_the_forward_does_not_use_is_not_decayed_under_training_graphs",)),

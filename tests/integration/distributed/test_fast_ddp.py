@@ -1,4 +1,4 @@
-"""fast_ddp against DDP and a single process, on 2 CPU processes over gloo (torchrun); FSDP: tests/test_fsdp.py."""
+"""fast_ddp against DDP and a single process, on 2 CPU processes over gloo (torchrun); FSDP: tests/integration/distributed/test_fsdp_trainings.py."""
 
 import json
 import os

@@ -125,7 +125,7 @@ def test_sigterm_to_one_rank_stops_both_at_one_step_without_a_collective_per_ste
     tmp_path,
 ):
     """SIGTERM to rank 1 alone, as Slurm signals the ranks (the launcher passing it on to every rank: the SIGKILL
-    test below and tests/test_launch.py): rank 0 learns it through the job's store (issue 38, point 1), both stop
+    test below and tests/integration/launch/test_launch_jobs.py): rank 0 learns it through the job's store (issue 38, point 1), both stop
     after the same step with one checkpoint, no collective ran on the host group in the steps before, the launcher
     exits 143 (a scheduler reads 143 as a preemption, 1 as a failure), and the job resumes to the weights of an
     uninterrupted 2-process run."""

@@ -6,10 +6,10 @@ The commands are in tests/data/optimum_habana_commands.json, copied verbatim fro
 there). A shrunk run keeps every flag but these: the Hub model becomes a tiny local one of the same kind, Hub
 datasets (--dataset_name, --dataset_config_name, --task_name) give way to the examples' embedded data,
 --deepspeed is dropped (DeepSpeed is not installed in the test environment; with it installed it is tested by
-tests/test_deepspeed.py), sizes shrink (steps, batches, lengths, warm-up) and --output_dir is a temporary one.
+tests/integration/distributed/test_deepspeed.py), sizes shrink (steps, batches, lengths, warm-up) and --output_dir is a temporary one.
 A command with --fsdp runs on 2 and 4 simulated Gaudis through `optimum-gaudi launch` (in one launch with the
 long-sequence command), with optimum-habana's fsdp_config.json (its settings are in tests/data); FSDP over gloo on
-CPU processes with that file is tests/test_fsdp.py's.
+CPU processes with that file is tests/integration/distributed/test_fsdp_trainings.py's.
 The environment variables in front of a command (PT_HPU_LAZY_MODE=1, ...) are set for its run; without a Gaudi
 they change nothing.
 """

@@ -1,6 +1,6 @@
 """PrecisionPlan (precision/plan.py): the one object a trainer asks about its precision, built from the arguments,
 the Gaudi config and the device. Each answer is checked here on the CPU device without training; the trainings
-that use it (bit-equal before and after the plan) are in test_precision.py, test_fp8.py and test_fsdp.py."""
+that use it (bit-equal before and after the plan) are in test_precision.py, test_fp8.py and test_fsdp_trainings.py."""
 
 from __future__ import annotations
 
