@@ -11,7 +11,7 @@ TORCH_VERSION ?= 2.13.0
 # tests/unit/precision/test_fp8.py puts it on sys.path.
 TORCHAO := .venv-torchao
 
-.PHONY: venv demo test test-deepspeed test-compat test-compat-all test-compat-trl style bench clean
+.PHONY: venv demo test test-fast test-deepspeed test-compat test-compat-all test-compat-trl style bench clean
 
 venv: $(STAMP)
 
@@ -31,6 +31,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# the unit tests only (tests/unit: in process, each a few seconds at most): a few minutes where `make test` takes most
+# of an hour; tests/integration (processes, launches, kill sweeps, slow in-process runs) is left to `make test`
+test-fast: $(STAMP)
+	$(PY) -m pytest -q tests/unit
 
 # DeepSpeed ZeRO 1-3 and Offload on 2 CPU processes, in a venv of their own (.venv-deepspeed): with DeepSpeed
 # importable, the main suite hung in tests/integration/checkpoints/test_checkpoints_killed_or_on_a_full_disk.py (a forked child stuck on a lock). The first run

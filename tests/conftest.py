@@ -39,11 +39,27 @@ FAKES = str(Path(__file__).parent / "fakes")
 ON_DEVICE = os.environ.get("FAKE_HPU_DEVICE") == "1"
 
 
+# tests/unit mirrors optimum_gaudi/'s folders with in-process tests fast enough for `make test-fast`; tests/integration
+# holds what starts processes (launches, several ranks, kill sweeps, the pytest runs on the simulated device) and
+# in-process runs too slow for that loop. Each test is marked by its folder: `pytest -m "not integration"` works too.
+COST_FOLDERS = ("unit", "integration")
+TESTS = Path(__file__).resolve().parent
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "cpu: a run on CPU; skipped in a process on the simulated hpu device")
+    config.addinivalue_line("markers", "unit: in tests/unit: in process and fast (make test-fast)")
+    config.addinivalue_line("markers", "integration: in tests/integration: real processes, or in process and slow")
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        try:
+            folder = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        except ValueError:  # a test file outside tests/
+            continue
+        if folder in COST_FOLDERS:
+            item.add_marker(folder)
     if ON_DEVICE:
         skip = pytest.mark.skip(reason="a CPU run, and this process has the simulated hpu device")
         for item in items:
