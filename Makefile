@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 # torchao (--fp8 on CPU/CUDA) lives beside .venv, not in it: imported by transformers, it logs warnings about its
 # prebuilt CUDA extensions in every process, which would break the tests that a bad input prints one line.
-# tests/unit/precision/test_fp8.py puts it on sys.path.
+# tests/integration/precision/test_fp8.py puts it on sys.path.
 TORCHAO := .venv-torchao
 
 .PHONY: venv demo test test-fast test-deepspeed test-compat test-compat-all test-compat-trl style bench clean
@@ -58,7 +58,7 @@ test-compat-all:
 
 # optimum_gaudi.trl on the oldest TRL it supports (the newest is in .venv, run by make test)
 test-compat-trl:
-	CORE_TESTS="tests/unit/trainers/test_trl.py tests/integration/trainers/test_trl_extra_missing.py" tests/compat/run.sh trl==1.0.0
+	CORE_TESTS=tests/integration/trainers/test_trl.py tests/compat/run.sh trl==1.0.0
 
 style: $(STAMP)
 	$(PY) -m ruff check .

@@ -3,8 +3,7 @@
 #
 # usage: tests/compat/run.sh [VERSION ...]     (default: the oldest supported release and the newest, the newest
 #                                              with the newest accelerate and peft the package index has)
-#        CORE_TESTS="tests/unit/trainers/test_trl.py tests/integration/trainers/test_trl_extra_missing.py" \
-#          tests/compat/run.sh trl==1.0.0                               (another package, pinned)
+#        CORE_TESTS=tests/integration/trainers/test_trl.py tests/compat/run.sh trl==1.0.0   (another package, pinned)
 #        tests/compat/run.sh accelerate==1.5.0                          (setup.py's accelerate floor)
 #
 # torch and the other dependencies are installed once, in .venv-compat/base; each release's venv sees

@@ -57,13 +57,13 @@ per_test=""
 python3 -c "import pytest_timeout" 2>/dev/null && per_test="--timeout 60"
 # first the tests that exercise CUDA itself, then the files that train on the default device (the GPU here)
 timeout 75 python3 -m pytest -q -p no:cacheprovider $workers $per_test -rfE \
-    tests/unit/features/test_cuda_graphs.py tests/unit/precision/test_fp8.py tests/unit/features/test_gradient_checkpointing.py tests/unit/devices/test_devices.py \
-    tests/unit/benchmarks/test_gpu_benchmark.py > "$OUT/tests_cuda.log" 2>&1
+    tests/integration/features/test_cuda_graphs.py tests/integration/precision/test_fp8.py tests/integration/features/test_gradient_checkpointing.py tests/unit/devices/test_devices.py \
+    tests/integration/benchmarks/test_gpu_benchmark.py > "$OUT/tests_cuda.log" 2>&1
 tail -40 "$OUT/tests_cuda.log"
 timeout 90 python3 -m pytest -q -p no:cacheprovider $workers $per_test -rfE \
-    tests/unit/precision/test_precision.py tests/unit/features/test_compilation.py tests/unit/features/test_compile_args.py tests/unit/features/test_llm_kernels.py \
-    tests/unit/features/test_static_batch.py tests/unit/trainers/test_mixin.py tests/unit/features/test_graphs.py tests/unit/trainers/test_trainer.py \
-    tests/unit/features/test_linear_cross_entropy.py \
+    tests/unit/precision/test_precision.py tests/integration/features/test_compilation.py tests/unit/features/test_compile_args.py tests/integration/features/test_llm_kernels.py \
+    tests/integration/features/test_static_batch.py tests/unit/trainers/test_mixin.py tests/unit/features/test_graphs.py tests/unit/trainers/test_trainer.py \
+    tests/integration/features/test_linear_cross_entropy.py \
     > "$OUT/tests.log" 2>&1
 tail -40 "$OUT/tests.log"
 

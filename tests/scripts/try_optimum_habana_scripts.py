@@ -4,7 +4,7 @@ usage: PYTHONPATH=$PWD python tests/scripts/try_optimum_habana_scripts.py [--edi
 
 MIRROR is a git clone of optimum-habana (its HEAD is read, nothing is copied into this repository), SCRATCH an
 empty folder. Each command line is a README one from tests/data/optimum_habana_commands.json, shrunk as
-tests/unit/optimum_habana/test_optimum_habana_commands.py shrinks ours: the Hub model becomes a tiny local one, Hub data a few local
+tests/integration/optimum_habana/test_optimum_habana_commands.py shrinks ours: the Hub model becomes a tiny local one, Hub data a few local
 rows (a folder named as the Hub dataset where the script hard-codes the name), 2 steps; every other flag is kept.
 Launchers (gaudi_spawn.py) and --deepspeed are left out. The scripts run with this interpreter, one at a time; the
 last line is one row per command: "runs to the end" (trained and saved) or the script's last error line.
@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(TESTS / "unit" / "optimum_habana"))  # the test files whose command lines and port it reuses
+# the test files whose command lines and import port it reuses
+sys.path[:0] = [str(TESTS / "integration" / "optimum_habana"), str(TESTS / "unit" / "optimum_habana")]
 sys.path.insert(0, str(TESTS))
 
 from test_optimum_habana_commands import COMMANDS, options, replaced, without, write_placeholder_files  # noqa: E402

@@ -21,10 +21,10 @@ REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 I20 = "unit/devices/test_hpu_graphs_launch_and_op_names.py"
 I20_LAUNCHED = "integration/devices/test_hpu_launch_and_lazy_mode.py"
-STATIC = "unit/features/test_static_batch.py"
+STATIC = "integration/features/test_static_batch.py"
 LAUNCH, LAUNCH_JOBS = "unit/launch/test_launch_settings.py", "integration/launch/test_launch_jobs.py"
 FSDP = "integration/distributed/test_fsdp_trainings.py"
-COMMANDS = "unit/optimum_habana/test_optimum_habana_commands.py"
+COMMANDS = "integration/optimum_habana/test_optimum_habana_commands.py"
 USER_SETTINGS = "unit/devices/test_hpu_user_settings.py"
 STALLS = "unit/distributed/test_watchdog_and_sigterm_agreement.py"
 

@@ -144,9 +144,9 @@ def test_every_bundled_config_runs_on_the_simulated_device():
 # and optimizer state on the hpu device (in the main pytest process they run on CPU tensors); tests marked
 # `cpu` skip there.
 ON_DEVICE_TOO = [
-    "unit/devices/test_hpu_graphs_launch_and_op_names.py", "unit/features/test_static_batch.py",
+    "unit/devices/test_hpu_graphs_launch_and_op_names.py", "integration/features/test_static_batch.py",
     "unit/trainers/test_seq2seq.py", "unit/devices/test_hpu_user_settings.py", "unit/features/test_graphs.py",
-    "unit/features/test_llm_kernels.py", "integration/devices/test_hpu_launch_and_lazy_mode.py",
+    "integration/features/test_llm_kernels.py", "integration/devices/test_hpu_launch_and_lazy_mode.py",
 ]  # fmt: skip
 
 

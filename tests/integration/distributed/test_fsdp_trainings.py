@@ -22,7 +22,7 @@ FP32_CASES = ("fused", "lora", "compile", "gpt2")
 CASES = [*FP32_CASES, "autocast", *(["fp8"] if has_torchao else [])]
 EXACT = 1e-5  # float32 sums in another order
 BF16 = 5e-3  # bf16 all-gathers against float32 weights: the worst step differed by 9e-5 here
-FP8 = 0.01  # relative, as tests/unit/precision/test_fp8.py
+FP8 = 0.01  # relative, as tests/integration/precision/test_fp8.py
 
 
 def torchrun(tmp_path, modes: str, cases: list[str], **env) -> dict[int, dict]:
@@ -125,7 +125,7 @@ def test_fsdp_on_two_simulated_gaudis_saves_sharded_checkpoints_and_resumes(two_
     """Gaudi software 1.21 (eager), 'hccl' on hpu tensors: the Llama trains with the fused-AdamW, fused-clip and
     autocast config (the bridge's FusedAdamW takes no DTensor: torch's AdamW), its gradients reduce-scattered with
     SUM and divided (HCCL has no AVG: collective_utils.cpp) to DDP's and one process's on the simulated Gaudi (4
-    simulated Gaudis: tests/unit/optimum_habana/test_optimum_habana_commands.py), saves SHARDED_STATE_DICT checkpoints, and a
+    simulated Gaudis: tests/integration/optimum_habana/test_optimum_habana_commands.py), saves SHARDED_STATE_DICT checkpoints, and a
     run resumed from step 2 trains steps 3 and 4 to the uninterrupted run's losses; its ``save_model`` writes the
     folder plain transformers loads, with the trained weights."""
     tmp_path, ranks = launched(two_simulated_gaudis)

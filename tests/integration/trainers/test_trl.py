@@ -1,9 +1,9 @@
-"""TRL's SFT, DPO and GRPO trainers made Gaudi trainers by composition: a tiny causal LM, a few CPU steps.
-
-Without TRL installed: tests/integration/trainers/test_trl_extra_missing.py."""
+"""TRL's SFT, DPO and GRPO trainers made Gaudi trainers by composition: a tiny causal LM, a few CPU steps."""
 
 import logging
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -145,6 +145,15 @@ def test_grpo_config_keeps_generation_shapes_static_on_a_lazy_gaudi(bridge, tmp_
     assert lazy.gaudi_device.type == "hpu" and lazy.cache_implementation == "static"
     chosen = GaudiGRPOConfig(**hpu, cache_implementation="dynamic")
     assert chosen.cache_implementation == "dynamic"
+
+
+def test_importing_without_trl_names_the_extra():
+    code = "import sys; sys.modules['trl'] = None; import optimum_gaudi.trl"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ImportError: optimum_gaudi.trl needs TRL: pip install optimum-gaudi[trl]"
+    )
 
 
 def test_trl_configs_parse_gaudi_and_trl_flags_from_the_command_line(tmp_path):
