@@ -16,7 +16,7 @@ PYTHON=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 ROOT=${COMPAT_ROOT:-.venv-compat}
 # test_internals.py: every internal of transformers, accelerate, peft and torch the package relies on, on each release
-CORE_TESTS=${CORE_TESTS:-"tests/unit/trainers/test_trainer.py tests/unit/trainers/test_training_args.py tests/unit/configuration/test_configuration.py tests/unit/trainers/test_mixin.py tests/unit/trainers/test_seq2seq.py tests/unit/trainers/test_internals.py"}
+CORE_TESTS=${CORE_TESTS:-"tests/integration/trainers/test_trainer.py tests/unit/trainers/test_training_args.py tests/unit/configuration/test_configuration.py tests/unit/trainers/test_mixin.py tests/unit/trainers/test_seq2seq.py tests/unit/trainers/test_internals.py"}
 OLDEST=$(sed -n 's/.*"transformers>=\([0-9.]*\).*/\1/p' setup.py)
 VERSIONS=("$@")
 if [ ${#VERSIONS[@]} -eq 0 ]; then

@@ -1,3 +1,6 @@
+"""The op-list autocast and the Gaudi config's precision settings, in process. Whole trainings under the lists:
+tests/integration/precision/test_precision_trainings.py."""
+
 import logging
 
 import pytest
@@ -244,18 +247,6 @@ def test_without_lists_torch_autocast_is_used():
     assert seen["linear"] == BF16 and seen["conv1d"] == BF16  # torch's built-in CPU list
 
 
-def test_gpt2_compiles_under_the_lists_without_graph_breaks(tiny_gpt2):
-    model = tiny_gpt2()
-    model.loss_type = "ForCausalLM"  # else transformers warns inside forward: a graph break of its own
-    ids = torch.randint(0, 100, (2, 16))
-    with OpListAutocast(["addmm", "mm", "matmul", "linear", "bmm", "baddbmm"], ["softmax", "layer_norm"]):
-        explanation = torch._dynamo.explain(model)(input_ids=ids, labels=ids)
-        eager_loss = model(input_ids=ids, labels=ids).loss
-        compiled_loss = torch.compile(model, backend="aot_eager")(input_ids=ids, labels=ids).loss
-    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
-    torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-2, atol=1e-2)
-
-
 def test_trainer_uses_the_config_lists_inside_its_forward(tmp_path):
     config = GaudiConfig(use_torch_autocast=True, autocast_bf16_ops=["softmax"], autocast_fp32_ops=["linear"])
     args = GaudiTrainingArguments(output_dir=str(tmp_path), report_to=[], bf16=True)
@@ -264,23 +255,6 @@ def test_trainer_uses_the_config_lists_inside_its_forward(tmp_path):
     with trainer.compute_loss_context_manager():
         seen = dtypes(trainer.model(torch.randn(2, 8, device=trainer.args.device)))
     assert seen["softmax"] == BF16 and seen["linear"] == FP32 and seen["conv1d"] == FP32
-
-
-def test_gpt2_under_bundled_config_trains_close_to_fp32(tiny_gpt2, tiny_lm_data, tmp_path):
-    def losses(**kwargs):
-        args = GaudiTrainingArguments(
-            output_dir=str(tmp_path), max_steps=8, per_device_train_batch_size=8, learning_rate=1e-3,
-            logging_steps=1, report_to=[], save_strategy="no", seed=0, **kwargs,
-        )  # fmt: skip
-        trainer = GaudiTrainer(model=tiny_gpt2(), args=args, train_dataset=tiny_lm_data)
-        trainer.train()
-        return [h["loss"] for h in trainer.state.log_history if "loss" in h]
-
-    fp32 = losses()
-    bf16 = losses(gaudi_config_name="gpt2")
-    assert fp32[-1] < fp32[0]  # it learns
-    assert bf16 != fp32
-    assert bf16 == pytest.approx(fp32, abs=0.03)
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
