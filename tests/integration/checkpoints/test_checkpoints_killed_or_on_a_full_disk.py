@@ -32,12 +32,7 @@ from support import checkpointing_trainer as make_trainer
 from transformers import TrainerCallback
 from transformers.trainer_callback import TrainerState
 
-from optimum_gaudi.checkpoints import (
-    MANIFEST_NAME,
-    checkpoint_problem,
-    latest_complete_checkpoint,
-    list_checkpoints,
-)
+from optimum_gaudi.checkpoints import MANIFEST_NAME, checkpoint_problem, latest_complete_checkpoint, list_checkpoints
 
 
 def assert_loadable(checkpoint: Path) -> int:

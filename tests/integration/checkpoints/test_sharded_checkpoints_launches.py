@@ -18,9 +18,7 @@ from support import SHARDED_SCRIPT as SCRIPT
 from support import SHARDED_WRAP as WRAP
 from support import job_environment, launch_command
 
-from optimum_gaudi.checkpoints import (
-    MANIFEST_NAME,
-)
+from optimum_gaudi.checkpoints import MANIFEST_NAME
 
 # ---- training on 2 and 4 processes ------------------------------------------------------------------------------
 
