@@ -63,7 +63,7 @@ tail -40 "$OUT/tests_cuda.log"
 timeout 90 python3 -m pytest -q -p no:cacheprovider $workers $per_test -rfE \
     tests/unit/precision/test_precision.py tests/integration/features/test_compilation.py tests/unit/features/test_compile_args.py tests/integration/features/test_llm_kernels.py \
     tests/integration/features/test_static_batch.py tests/unit/trainers/test_mixin.py tests/unit/features/test_graphs.py tests/integration/trainers/test_trainer.py \
-    tests/integration/features/test_linear_cross_entropy.py \
+    tests/integration/features/test_linear_cross_entropy.py tests/integration/precision/test_precision_trainings.py \
     > "$OUT/tests.log" 2>&1
 tail -40 "$OUT/tests.log"
 
