@@ -38,8 +38,9 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q tests/unit
 
 # DeepSpeed ZeRO 1-3 and Offload on 2 CPU processes, in a venv of their own (.venv-deepspeed): with DeepSpeed
-# importable, the main suite hung in tests/integration/checkpoints/test_checkpoints_killed_or_on_a_full_disk.py (a forked child stuck on a lock). The first run
-# compiles DeepSpeed's shared-memory all-reduce and CPU Adam (a few minutes, once).
+# importable, the main suite hung in tests/integration/checkpoints/test_checkpoints_killed_or_on_a_full_disk.py (a
+# forked child stuck on a lock). The first run compiles DeepSpeed's shared-memory all-reduce and CPU Adam (a few
+# minutes, once).
 DS_VENV := .venv-deepspeed
 test-deepspeed:
 	@test -f $(DS_VENV)/.installed || { $(PYTHON) -m venv $(DS_VENV) && $(DS_VENV)/bin/pip install -q "torch==$(TORCH_VERSION)" \
