@@ -367,7 +367,7 @@ class GaudiTrainerMixin(TrainerShims):
         if args.attn_implementation is not None:
             if args.attn_implementation == attention.ATTENTION_NAME:
                 options = attention.FusedAttentionOptions.from_args(args)
-                attention.use_device_kernel(device.attention_kernel(options), options)
+                attention.bind(model, device.attention_kernel(options), options)  # this model's, not the process's
             base = getattr(model, "get_base_model", lambda: model)()  # a PEFT model's transformers model
             if getattr(base.config, "_attn_implementation", None) != args.attn_implementation:
                 base.set_attn_implementation(args.attn_implementation)
