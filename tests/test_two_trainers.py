@@ -4,6 +4,7 @@ module globals held them, and a Gaudi 3 fp8-attention run left its kernel to the
 
 from __future__ import annotations
 
+import pytest
 import torch
 from test_llm_kernels import args, full_data, llama, train_losses
 
@@ -40,3 +41,33 @@ def test_a_model_no_trainer_was_given_runs_sdpa_after_a_gaudi_trainer(tmp_path, 
     with torch.no_grad():
         assert torch.equal(fused(ids).logits, plain(ids).logits)
     assert not bridge().calls_named("hpex.kernels.FusedSDPA")
+
+
+@pytest.fixture
+def one_process_group(tmp_path):
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    yield
+    torch.distributed.destroy_process_group()
+
+
+def test_two_sequence_splits_keep_their_own_local_kernel(one_process_group, monkeypatch):
+    """Two trainers' splits of one process (a group of one rank each): the first model's layers still run its
+    own kernel (eager) after the second split took sdpa."""
+    import transformers.models.llama.modeling_llama as modeling_llama
+
+    from optimum_gaudi.distributed.sequence_parallel import SequenceParallel
+
+    eager = []
+    original = modeling_llama.eager_attention_forward
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", lambda *a, **k: eager.append(1) or original(*a, **k))
+    first, second = llama(attn_implementation="eager"), llama()
+    for model in (first, second):  # each trainer's own split
+        SequenceParallel(1, torch.distributed.group.WORLD, data_parallel_size=1, data_parallel_index=0).use(model)
+    ids = torch.tensor([row["input_ids"] for row in full_data(2)])
+    with torch.no_grad():
+        first(ids)
+    assert eager  # the first split's own kernel
+    eager.clear()
+    with torch.no_grad():
+        second(ids)
+    assert not eager
