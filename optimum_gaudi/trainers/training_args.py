@@ -343,7 +343,7 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             if self.hang_timeout != 0:
                 enable_flight_recorder()  # the watchdog's report names the collective each rank waits in
         # every degree of the run, and the one choice of context parallelism (distributed/layout.py)
-        self.parallel_layout = ParallelLayout.from_arguments(self, _launched_world_size())
+        self.parallel_layout = ParallelLayout.from_arguments(self, _launched_world_size(mpi=True))
         config = self.parallel_layout.parallelism_config()  # torch's context parallelism, as accelerate runs it
         if config is not None and getattr(self, "parallelism_config", None) is None:  # a user's own is kept
             self.parallelism_config = config
@@ -625,9 +625,12 @@ _NUMERIC_RANGES = (
 )
 
 
-def _launched_world_size() -> int:
-    """The number of processes the launcher (torchrun, ours, mpirun through the bridge) started: 1 without one."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+def _launched_world_size(mpi: bool = False) -> int:
+    """The number of processes the launcher (torchrun, ours, mpirun through the bridge) started: 1 without one.
+    ``mpi``: also mpirun's own variable, which the bridge's hccl module copies to WORLD_SIZE when it loads (the
+    layout's world is the one the trainer's process group will have)."""
+    fallback = os.environ.get("OMPI_COMM_WORLD_SIZE", "1") if mpi else "1"
+    return int(os.environ.get("WORLD_SIZE", fallback))
 
 
 def _paged_adamw_without_bitsandbytes(args: TrainingArguments) -> None:
