@@ -65,15 +65,20 @@ def job_env() -> dict[str, str]:
 
 
 def launch(
-    tmp_path: Path, plan: list[dict], *launcher_flags: str, timeout: int = 900, env: dict[str, str] | None = None
+    tmp_path: Path,
+    plan: list[dict],
+    *launcher_flags: str,
+    timeout: int = 900,
+    env: dict[str, str] | None = None,
+    world_size: int = 2,
 ) -> dict[str, list[dict]]:
-    """Run the plan on 2 processes with ``optimum-gaudi launch`` (``env`` added to the job's); return each run's
-    records, rank 0 first."""
+    """Run the plan on ``world_size`` processes with ``optimum-gaudi launch`` (``env`` added to the job's); return
+    each run's records, rank 0 first."""
     out = tmp_path / "runs"
     out.mkdir()
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(plan))
-    command = [sys.executable, "-m", "optimum_gaudi", "launch", "--world_size", "2", *launcher_flags]
+    command = [sys.executable, "-m", "optimum_gaudi", "launch", "--world_size", str(world_size), *launcher_flags]
     command += [str(SCRIPT), str(out), str(plan_file), *COMMON]
     result = subprocess.run(
         command, env={**job_env(), **(env or {})}, capture_output=True, text=True, timeout=timeout, cwd=tmp_path
@@ -81,7 +86,7 @@ def launch(
     assert result.returncode == 0, result.stderr[-4000:]
     (tmp_path / "stderr.txt").write_text(result.stderr)
     return {
-        run["name"]: [json.loads((out / f"{run['name']}.rank{rank}.json").read_text()) for rank in (0, 1)]
+        run["name"]: [json.loads((out / f"{run['name']}.rank{rank}.json").read_text()) for rank in range(world_size)]
         for run in plan
     }
 
@@ -96,18 +101,18 @@ def grad_norms(record: dict) -> list[float]:
 
 def assert_zero_stage(records: list[dict], stage: int) -> None:
     """DeepSpeed ran this stage for real: the fp32 master weights (and Adam's states with them) are split between
-    the two ranks, ZeRO-3 splits the parameters too, and the config's "auto" values came from the arguments."""
-    facts = [r["deepspeed"] for r in records]
-    assert [f["stage"] for f in facts] == [stage, stage]
+    the ranks, ZeRO-3 splits the parameters too, and the config's "auto" values came from the arguments."""
+    facts, ranks = [r["deepspeed"] for r in records], len(records)
+    assert [f["stage"] for f in facts] == [stage] * ranks
     assert all(f["model_numel"] == MODEL_NUMEL for f in facts)
     assert sum(f["master_numel"] for f in facts) == MODEL_NUMEL
     assert all(0 < f["master_numel"] < MODEL_NUMEL for f in facts)
     params_held = [f["local_param_numel"] for f in facts]
-    assert all(n < MODEL_NUMEL for n in params_held) if stage == 3 else params_held == [MODEL_NUMEL] * 2
+    assert all(n < MODEL_NUMEL for n in params_held) if stage == 3 else params_held == [MODEL_NUMEL] * ranks
     assert all(f["param_dtype"] == "torch.bfloat16" for f in facts)  # "bf16": {"enabled": true}
     assert all(f["gradient_clipping"] == MAX_GRAD_NORM and f["micro_batch"] == PER_DEVICE_BATCH for f in facts)
-    assert all(r["world_size"] == 2 for r in records)
-    assert losses(records[0]) == losses(records[1])  # every rank logs the same averaged loss
+    assert all(r["world_size"] == ranks for r in records)
+    assert all(losses(r) == losses(records[0]) for r in records)  # every rank logs the same averaged loss
 
 
 def assert_matches_ddp(zero: dict, ddp: dict, loss_tolerance: float = LOSS_TOLERANCE) -> None:
@@ -161,9 +166,10 @@ def test_zero_1_2_3_under_torchrun_match_ddp_and_resume(tmp_path):
         assert zero[0]["deepspeed"]["optimizer"] == "torch.optim.adamw.AdamW"  # the trainer's, partitioned
 
 
-def test_zero_1_2_3_on_two_simulated_gaudis_issue_only_collectives_the_bridge_takes(tmp_path):
-    """DeepSpeed's own HPU accelerator (found by importing habana_frameworks) on 2 simulated Gaudis, 'hccl' on hpu
-    tensors: each stage against DDP on the same devices, and every collective DeepSpeed, accelerate and
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_zero_1_2_3_on_simulated_gaudis_issue_only_collectives_the_bridge_takes(tmp_path, world_size):
+    """DeepSpeed's own HPU accelerator (found by importing habana_frameworks) on 2 and 4 simulated Gaudis, 'hccl'
+    on hpu tensors: each stage against DDP on the same devices, and every collective DeepSpeed, accelerate and
     transformers issue on the device's group one the bridge maps and listed in docs/collectives.md's census."""
     import census
 
@@ -171,15 +177,16 @@ def test_zero_1_2_3_on_two_simulated_gaudis_issue_only_collectives_the_bridge_ta
     plan = [{"name": "ddp", "args": gaudi}, *(zero_run(stage, *gaudi) for stage in (1, 2, 3))]
     log = tmp_path / "simulator.json"
     path = os.pathsep.join(filter(None, [str(REPO / "tests" / "fakes"), os.environ.get("PYTHONPATH")]))
-    simulated = {"PYTHONPATH": path, "FAKE_HPU_DEVICE": "1", "FAKE_HPU_DEVICE_COUNT": "2", "FAKE_HPU_SOFTWARE": "1.21"}
-    records = launch(tmp_path, plan, env={**simulated, "FAKE_HPU_CALL_LOG": str(log)})
+    simulated = {"PYTHONPATH": path, "FAKE_HPU_DEVICE": "1", "FAKE_HPU_DEVICE_COUNT": str(world_size)}
+    simulated.update(FAKE_HPU_SOFTWARE="1.21", FAKE_HPU_CALL_LOG=str(log))
+    records = launch(tmp_path, plan, env=simulated, world_size=world_size)
     ddp = records["ddp"][0]
     for stage in (1, 2, 3):
         zero = records[f"zero{stage}"]
-        assert [(r["device"], r["backend"]) for r in zero] == [("hpu", "hccl")] * 2
+        assert [(r["device"], r["backend"]) for r in zero] == [("hpu", "hccl")] * world_size
         assert_zero_stage(zero, stage)
         assert_matches_ddp(zero[0], ddp, SIMULATED_LOSS_TOLERANCE)
-    issuers = {entry["issuer"] for entry in census.check(log, range(2))}
+    issuers = {entry["issuer"] for entry in census.check(log, range(world_size))}
     assert "DeepSpeed" in issuers
 
 
