@@ -67,6 +67,9 @@ def test_a_stopped_rank_an_endless_loop_and_a_collective_never_joined_are_report
     assert final.startswith(f"error: rank {last} made no progress for ") and str(folders[-1]) in final
     assert "Restart 1 of this job: resuming from" in result.stderr
     assert "Restart 2 of this job: resuming from" in result.stderr
+    # no checkpoint newer than a stall was published while the job ended (stalls after steps 5 and 9)
+    resumed = [json.loads((tmp_path / f"attempt-{n}.json").read_text())["resumed_at"] for n in range(3)]
+    assert resumed == [0, 4, 8], resumed
     # one line per stall from the deciding rank, and the launcher's
     assert [line.startswith(f"error: rank {last} made no progress") for line in errors.splitlines()] == [True] * 4, (
         errors
@@ -213,6 +216,28 @@ def test_a_rank_stopped_before_its_watchdogs_first_tick_is_named_as_stopped(tmp_
     lonely._armed_at -= 2
     lonely._tick()
     assert [v["ranks"] for v in verdicts] == [[1]] and "stopped running" in verdicts[0]["why"]
+
+
+def test_once_a_verdict_is_known_the_training_loop_makes_no_more_progress(tmp_path, monkeypatch):
+    """A stopped rank is continued to write its stacks, and it then rejoins the collective the others wait in: their
+    training went on and saved checkpoints while the watchdog ended the job (a 4-process stall test resumed past
+    its next stall). Once this rank knows the verdict, its loop waits at its next step boundary or save for the
+    process to end, so no checkpoint newer than the stall is published."""
+    from optimum_gaudi.distributed import watchdog
+
+    exits = []
+    monkeypatch.setattr(watchdog.os, "_exit", lambda code: exits.append(code))
+    dog = watchdog.Watchdog(FakeStore(), 0, 2, tmp_path, limit=1.0)
+    dog.step_begin(1)
+    dog.step_end(1)  # no verdict: the loop goes on
+    verdict = {"folder": "hang-x", "ranks": [1], "why": "stopped", "seconds": 6, "where": "after step 5", "by": 1}
+    dog._finish(verdict, decided=False, beats={})
+    assert exits == [watchdog.STALL_EXIT_CODE] and (tmp_path / "hang-x" / "rank0.txt").exists()
+    for mark in (lambda: dog.step_begin(2), lambda: dog.step_end(1), lambda: dog.pause("a save")):
+        loop = threading.Thread(target=mark, daemon=True)  # the training loop's thread, held until the process ends
+        loop.start()
+        loop.join(0.5)
+        assert loop.is_alive()
 
 
 def test_a_rank_whose_training_ended_is_not_taken_for_a_stopped_one(tmp_path):
