@@ -117,7 +117,10 @@ def trained_llama(args, attn_implementation: str = "sdpa", padding_side: str = "
     full = [getattr(p, "full_tensor", p.detach)() for p in trainer.model.parameters()]  # FSDP: gathered shards
     parameters = torch.cat([p.detach().reshape(-1) for p in full])
     (end,) = [h for h in trainer.state.log_history if "train_samples_per_second" in h]
-    batch = end["train_samples_per_second"] / end["train_steps_per_second"]  # the global batch, as logged
+    samples, steps = end["train_samples_per_second"], end["train_steps_per_second"]
+    # the global batch, as logged: transformers rounds both speeds to 3 decimals, so on a slow (loaded) run it is
+    # known within these bounds only
+    batch = (samples - 5e-4) / (steps + 5e-4), (samples + 5e-4) / max(steps - 5e-4, 1e-9)
     return {
         "losses": trained,
         "parameters": parameters.tolist(),

@@ -67,7 +67,8 @@ class Device:
     training_graph_forward_bound_elsewhere: ClassVar[bool] = False
     # --context_parallel_size under --fsdp runs torch's context parallelism (transformers' parallelism_config): its
     # ring attention shards this device's SDPA kernels. Elsewhere (no sharding rule for the CPU's kernels nor for
-    # FusedSDPA) the sequences split around the attention registry (distributed/sequence_parallel.py).
+    # FusedSDPA) the sequences split around the attention registry (distributed/sequence_parallel.py). The choice
+    # is made in one place, distributed/layout.py.
     torch_context_parallel: ClassVar[bool] = False
     # training graphs give trainable parameters the forward does not use a zero gradient (not None)
     training_graphs_zero_unused_grads: ClassVar[bool] = False

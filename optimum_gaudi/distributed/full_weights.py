@@ -25,7 +25,6 @@ from torch import nn
 
 from ..devices.host_memory import freed_memory_kept
 from ..errors import UserError
-from .host_group import host_group
 
 # The safetensors dtype names (https://github.com/huggingface/safetensors, the file format's "dtype" field).
 _SAFETENSORS_DTYPES = {
@@ -64,17 +63,17 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to("cpu")
 
 
-def _rank0_writes_alone(is_main_process: bool) -> bool:
+def _rank0_writes_alone(is_main_process: bool, group: Any) -> bool:
     """True (on every rank) where global rank 0 is the only writer: then the other ranks send rank 0 their rows;
     otherwise (``save_on_each_node``) every tensor is gathered whole on every rank."""
     import torch.distributed as dist
 
     flags = torch.tensor([int(is_main_process), int(is_main_process and dist.get_rank() == 0)])
-    dist.all_reduce(flags, group=host_group())
+    dist.all_reduce(flags, group=group)
     return flags.tolist() == [1, 1]
 
 
-def _pieces(tensor: torch.Tensor, is_main_process: bool, rank0_alone: bool) -> Iterator[torch.Tensor]:
+def _pieces(tensor: torch.Tensor, is_main_process: bool, rank0_alone: bool, group: Any) -> Iterator[torch.Tensor]:
     """The tensor as consecutive row blocks, yielded on the writing ranks; a collective every rank runs in turn.
     The rows travel between host memories, over the gloo group (the accelerator's backend takes no CPU tensor)."""
     import torch.distributed as dist
@@ -97,14 +96,14 @@ def _pieces(tensor: torch.Tensor, is_main_process: bool, rank0_alone: bool) -> I
     local = tensor.to_local().detach().to("cpu").contiguous()
     if not is_main_process:
         if local.shape[0]:
-            dist.send(local, dst=0, group=host_group())
+            dist.send(local, dst=0, group=group)
         return
     yield local
     for index, source in enumerate(ranks[1:], start=1):
         count = max(0, min(per, rows - index * per))
         if count:
             piece = torch.empty((count, *tensor.shape[1:]), dtype=tensor.dtype)
-            dist.recv(piece, src=source, group=host_group())
+            dist.recv(piece, src=source, group=group)
             yield piece
             del piece  # before the next one is received
 
@@ -140,6 +139,7 @@ def save_pretrained(
     output_dir: str,
     *,
     is_main_process: bool,
+    host_group: Any,
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
     state_filter: StateFilter | None = None,
 ) -> None:
@@ -164,12 +164,12 @@ def save_pretrained(
         os.makedirs(output_dir, exist_ok=True)
         _save_config(model, output_dir)
         _remove_stale_weights(output_dir, set(split.filename_to_tensors))
-    rank0_alone = _rank0_writes_alone(is_main_process)
+    rank0_alone = _rank0_writes_alone(is_main_process, host_group)
     # each piece is host memory, on every device: given back when dropped, else glibc keeps a heap block of each
     # size below 32 MiB and the next piece, memalign'ed, may not fit in it (two 31 MiB rows grew rank 0 by 65 MB)
     with freed_memory_kept(returned=True):
         for filename, names in split.filename_to_tensors.items():
-            pieces = ((name, _pieces(local[name], is_main_process, rank0_alone)) for name in names)
+            pieces = ((name, _pieces(local[name], is_main_process, rank0_alone, host_group)) for name in names)
             if is_main_process:
                 _write_safetensors(os.path.join(output_dir, filename), {n: specs[n] for n in names}, pieces)
             else:

@@ -31,44 +31,13 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import UserError
-from .host_group import new_group
 
+# Each SequenceParallel registers its attention under this name and its own id: the local kernel behind it and
+# the step being split are that trainer's, never another's of the same process.
 ATTENTION_NAME = "gaudi_sequence_parallel"
 # The kernels that take a whole sequence's heads and a transformers mask (or None for causal).
 LOCAL_KERNELS = ("sdpa", "eager", "gaudi_fused_sdpa")
 IGNORE_INDEX = -100
-
-_base = "sdpa"  # the local kernel behind ATTENTION_NAME (process-wide, as transformers' registry)
-_split: _Split | None = None  # the training step being split, while it runs
-
-
-def argument_problem(args: Any, world_size: int) -> str | None:
-    """Why ``--context_parallel_size`` cannot run with these arguments, in one line; None when it can."""
-    size = args.context_parallel_size
-    if not isinstance(size, int) or size < 1:
-        return f"--context_parallel_size must be >= 1, got {size!r}."
-    if size == 1:
-        return None
-    flag = f"--context_parallel_size {size}"
-    if world_size % size:
-        return (
-            f"{flag} splits each sequence over {size} processes and this run has {world_size}: launch a multiple of "
-            f"{size} (optimum-gaudi launch --world_size {size} ...)."
-        )
-    from transformers import Trainer, __version__
-
-    if not hasattr(Trainer, "get_cp_size"):  # where the trainer scales the loss and batch size by the split
-        return f"{flag} needs a transformers release whose Trainer has get_cp_size (5.x); this is {__version__}."
-    config = getattr(args, "parallelism_config", None)
-    if config is not None and (config.cp_size, config.sp_size) != (size, 1):
-        return f"{flag} and transformers' parallelism_config split the sequences differently; give one of them."
-    if args.attn_implementation is not None and args.attn_implementation not in LOCAL_KERNELS:
-        return f"{flag} runs attention with sdpa, eager or gaudi_fused_sdpa, not {args.attn_implementation}."
-    if args.label_smoothing_factor:
-        return f"{flag} cannot be combined with --label_smoothing_factor (it reads the slice's own labels); drop one."
-    if args.use_hpu_graphs_for_training:  # a replayed graph would not run the all-to-all's collective
-        return f"{flag} cannot be combined with --use_hpu_graphs_for_training yet (its all-to-all runs eagerly); drop one of them."  # fmt: skip
-    return None
 
 
 def _all_to_all(chunks: torch.Tensor, group: Any) -> torch.Tensor:
@@ -83,7 +52,7 @@ def model_problem(model: nn.Module, size: int) -> str | None:
     flag = f"--context_parallel_size {size}"
     config = model.config
     kernel = getattr(config, "_attn_implementation", None) or "eager"
-    if kernel not in (*LOCAL_KERNELS, ATTENTION_NAME):
+    if kernel not in LOCAL_KERNELS and not kernel.startswith(ATTENTION_NAME):
         return f"{flag} runs attention with sdpa, eager or gaudi_fused_sdpa; the model uses {kernel}."
     if any(getattr(module, "is_causal", None) is False for module in model.modules()):  # BERT's, cross-attention
         return f"{flag} splits causal (decoder) models only; this model has bidirectional attention (an encoder)."
@@ -155,70 +124,70 @@ class _Split:
         return self.masks[like.dtype]
 
 
-def _local_kernel(module: nn.Module) -> Callable[..., tuple[torch.Tensor, Any]]:
-    """The kernel the model would run: a registered one, or ``eager`` from the layer's own modeling file."""
-    if _base == "eager":
-        return sys.modules[type(module).__module__].eager_attention_forward
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    return ALL_ATTENTION_FUNCTIONS[_base]
-
-
-def sequence_parallel_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: Any,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, Any]:
-    """transformers' attention signature; inside a split training step, the local kernel over the whole sequence
-    for this rank's heads, between two all-to-alls. Outside one (evaluation), the local kernel as it is."""
-    kernel = _local_kernel(module)
-    if _split is None:
-        return kernel(module, query, key, value, attention_mask, **kwargs)
-    size, group = _split.size, _split.group
-    query, key, value = (_seq_to_heads(x, size, group) for x in (query, key, value))
-    mask = _split.mask(module.config, query)
-    output, _ = kernel(module, query, key, value, mask, **kwargs)
-    return _heads_to_seq(output, size, group), None
-
-
-def _mask_function(*args: Any, **kwargs: Any) -> Any:
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
-
-    return ALL_MASK_ATTENTION_FUNCTIONS[_base](*args, **kwargs)
-
-
 class SequenceParallel:
-    """The process groups of one run and the hooks the trainer calls: the model, the sampler, each step."""
+    """One trainer's split: the hooks it calls (the model, the sampler, each step), the local kernel its model
+    runs, the step being split while it runs. The process groups are the layout's (``distributed/layout.py``)."""
 
-    def __init__(self, size: int) -> None:
-        world, rank = dist.get_world_size(), dist.get_rank()
-        self.size, self.groups, self.group_index = size, world // size, rank // size
-        self.group = None
-        for index in range(self.groups):  # every rank makes every group, in the same order
-            group = new_group(list(range(index * size, (index + 1) * size)))  # with the run's --ddp_timeout
-            if index == self.group_index:
-                self.group = group
+    def __init__(self, size: int, group: Any, data_parallel_size: int, data_parallel_index: int) -> None:
+        self.size, self.group = size, group
+        self.groups, self.group_index = data_parallel_size, data_parallel_index  # the sampler's shards
+        self.name = f"{ATTENTION_NAME}_{id(self):x}"  # this split's entry in transformers' attention registry
+        self.base = "sdpa"  # the local kernel behind it: the model's own
+        self.split: _Split | None = None  # the training step being split, while it runs
+
+    def local_kernel(self, module: nn.Module) -> Callable[..., tuple[torch.Tensor, Any]]:
+        """The kernel the model would run: a registered one, or ``eager`` from the layer's own modeling file."""
+        if self.base == "eager":
+            return sys.modules[type(module).__module__].eager_attention_forward
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        return ALL_ATTENTION_FUNCTIONS[self.base]
+
+    def attention(
+        self,
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: Any,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, Any]:
+        """transformers' attention signature; inside a split training step, the local kernel over the whole
+        sequence for this rank's heads, between two all-to-alls. Outside one (evaluation), the local kernel."""
+        kernel, split = self.local_kernel(module), self.split
+        if split is None:
+            return kernel(module, query, key, value, attention_mask, **kwargs)
+        size, group = split.size, split.group
+        query, key, value = (_seq_to_heads(x, size, group) for x in (query, key, value))
+        mask = split.mask(module.config, query)
+        output, _ = kernel(module, query, key, value, mask, **kwargs)
+        return _heads_to_seq(output, size, group), None
+
+    def mask_function(self, *args: Any, **kwargs: Any) -> Any:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+        return ALL_MASK_ATTENTION_FUNCTIONS[self.base](*args, **kwargs)
 
     def use(self, model: nn.Module) -> None:
-        """Put the sequence-parallel attention around the model's own kernel (idempotent)."""
-        global _base
+        """Put this split's attention around the model's own kernel (idempotent). A model another split wraps
+        (an earlier trainer's) keeps the kernel that one wrapped."""
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
         base = getattr(model, "get_base_model", lambda: model)()  # a PEFT model's transformers model
         current = getattr(base.config, "_attn_implementation", None) or "eager"
-        if current == ATTENTION_NAME:
+        if current == self.name:
             return
         problem = model_problem(base, self.size)
         if problem is not None:
             raise UserError(problem)
-        _base = current
-        AttentionInterface.register(ATTENTION_NAME, sequence_parallel_attention)
-        AttentionMaskInterface.register(ATTENTION_NAME, _mask_function)
-        base.set_attn_implementation(ATTENTION_NAME)
+        if current.startswith(ATTENTION_NAME):
+            current = ALL_ATTENTION_FUNCTIONS[current].__self__.base
+        self.base = current
+        AttentionInterface.register(self.name, self.attention)
+        AttentionMaskInterface.register(self.name, self.mask_function)
+        base.set_attn_implementation(self.name)
 
     def check_loss(self, compute_loss_func: Callable[..., Any] | None) -> None:
         """The model computes the loss from the labels shifted over the whole sequence; a trainer's own loss
@@ -245,7 +214,6 @@ class SequenceParallel:
     @contextlib.contextmanager
     def splitting(self, inputs: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """This rank's slice of a batch, and the whole-sequence facts for the attention layers while it trains."""
-        global _split
         ids = inputs["input_ids"]
         batch, seq = ids.shape
         pad = -seq % self.size
@@ -271,8 +239,8 @@ class SequenceParallel:
         for name in ("input_ids", "labels", "shift_labels", "position_ids"):
             if name in local:
                 local[name] = local[name][:, rank * width : (rank + 1) * width].contiguous()
-        _split = _Split(self.group, self.size, padding_mask, positions)
+        self.split = _Split(self.group, self.size, padding_mask, positions)
         try:
             yield local
         finally:
-            _split = None
+            self.split = None

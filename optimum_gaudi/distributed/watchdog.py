@@ -129,6 +129,7 @@ class Watchdog:
         self._prefix = f"optimum_gaudi/{name}/{restart}/{serial}"
         self._store = _Store(store)
         self._stop = threading.Event()
+        self._ending = threading.Event()  # a verdict is known: the process ends once every report is written
         self._thread: threading.Thread | None = None
         # written by the training loop (plain attribute writes: no lock, no I/O on its path)
         self._progress = 0
@@ -154,13 +155,22 @@ class Watchdog:
             return self.fixed_limit
         return auto_limit(self.slowest_step, self.slowest_pause)
 
+    def _hold_once_ending(self) -> None:
+        """Once the job is ending, the loop must make no more progress: a stopped rank, continued to write its
+        stacks, rejoins the collective the others wait in, and they would train on and publish checkpoints newer
+        than the stall until the process ends (the thread ending it never returns here)."""
+        if self._ending.is_set():
+            threading.Event().wait()
+
     def step_begin(self, step: int) -> None:
+        self._hold_once_ending()
         now = time.monotonic()
         self._end_pause(now)
         self._step_began = now
         self._progress, self._last_progress = 2 * step - 1, now
 
     def step_end(self, step: int) -> None:
+        self._hold_once_ending()
         now = time.monotonic()
         if self._step_began is not None:
             if self._armed:
@@ -174,6 +184,7 @@ class Watchdog:
 
     def pause(self, what: str) -> None:
         """Until the next step begins (or :meth:`resume`): ``what`` may take long without being a stall."""
+        self._hold_once_ending()
         if self._paused is None:
             self._paused, self._pause_began = what, time.monotonic()
 
@@ -315,27 +326,30 @@ class Watchdog:
             self._finish(verdict, decided=True)
 
     def _finish(self, verdict: dict, decided: bool, beats: dict[int, Beat] | None = None) -> None:
-        folder = self.output_dir / verdict["folder"]
-        line = stall_line(verdict, folder)
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / f"rank{self.rank}.txt").write_text(self._report(verdict), encoding="utf-8")
+            folder = self.output_dir / verdict["folder"]
+            line = stall_line(verdict, folder)
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / f"rank{self.rank}.txt").write_text(self._report(verdict), encoding="utf-8")
+                if decided:
+                    (folder / "summary.txt").write_text(line + "\n", encoding="utf-8")
+            except OSError as e:
+                line += f" (the report could not be written: {e})"
+            self._ending.set()  # after the report: its stacks show where the loop was
             if decided:
-                (folder / "summary.txt").write_text(line + "\n", encoding="utf-8")
-        except OSError as e:
-            line += f" (the report could not be written: {e})"
-        if decided:
-            print(f"error: {line}", file=sys.stderr, flush=True)
-            path = os.environ.get(STALL_LINE_ENV)
-            if path:
-                with contextlib.suppress(OSError):
-                    Path(path).write_text(line, encoding="utf-8")
-        self._continue_stopped_ranks(verdict, folder, beats)
-        self._wait_for_the_others()
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(STALL_EXIT_CODE)
+                print(f"error: {line}", file=sys.stderr, flush=True)
+                path = os.environ.get(STALL_LINE_ENV)
+                if path:
+                    with contextlib.suppress(OSError):
+                        Path(path).write_text(line, encoding="utf-8")
+            self._continue_stopped_ranks(verdict, folder, beats)
+            self._wait_for_the_others()
+        finally:  # whatever failed above, the process ends: its training loop is held
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(STALL_EXIT_CODE)
 
     def _wait_for_the_others(self) -> None:
         """Say this rank's report is written, and wait (a few ticks at most) for every rank still running to have

@@ -9,8 +9,9 @@ On a Gaudi the device's kernel is ``hpex.kernels.FusedSDPA`` in the modes the ``
 Elsewhere the name means transformers' own ``sdpa`` integration, call for call: losses equal ``sdpa``'s exactly,
 and the Gaudi-only modes change nothing there (said once in the feature table).
 
-The implementation's name and modes are process-wide, as transformers' registry is (optimum-habana keeps them
-in environment variables for the same reason): the trainer sets them from its arguments.
+The name is process-wide, as transformers' registry is; the kernel and its modes are not: the trainer binds them
+to the layers of its own model (``bind``), so two trainers of one process (or a model no trainer was given) never
+run each other's kernel. optimum-habana keeps them in environment variables, process-wide.
 """
 
 from __future__ import annotations
@@ -47,8 +48,17 @@ class FusedAttentionOptions:
         )
 
 
-_kernel: AttentionKernel | None = None  # None: transformers' sdpa integration
-_options = FusedAttentionOptions()
+@dataclass(frozen=True)
+class AttentionBinding:
+    """What ``gaudi_fused_sdpa`` runs in the layers of one model: the device's kernel (None: transformers' sdpa
+    integration) in the modes of the arguments of the trainer it was given to."""
+
+    kernel: AttentionKernel | None
+    options: FusedAttentionOptions
+
+
+BINDING = "_gaudi_fused_attention"  # the attribute each module of a model given to a trainer carries
+_SDPA = AttentionBinding(None, FusedAttentionOptions())  # a model no trainer was given
 
 
 def register() -> None:
@@ -82,10 +92,13 @@ def prepare(args: Any) -> None:
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)
 
 
-def use_device_kernel(kernel: AttentionKernel | None, options: FusedAttentionOptions) -> None:
-    """What ``gaudi_fused_sdpa`` runs from now on: the device's fused kernel, or None for torch's SDPA."""
-    global _kernel, _options
-    _kernel, _options = kernel, options
+def bind(model: torch.nn.Module, kernel: AttentionKernel | None, options: FusedAttentionOptions) -> None:
+    """What ``gaudi_fused_sdpa`` runs in ``model``'s layers: the device's fused kernel, or None for torch's SDPA.
+    Every module carries it (the attention function is handed its layer, whichever module class that is); the
+    binding is a plain attribute, outside the parameters, buffers and ``state_dict``."""
+    binding = AttentionBinding(kernel, options)
+    for module in model.modules():
+        setattr(module, BINDING, binding)
 
 
 def fused_sdpa_attention(
@@ -101,19 +114,20 @@ def fused_sdpa_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention signature: q [B, H, T, D], k/v [B, Hkv, S, D] (grouped heads not repeated: the
     fused kernel takes them as they are); returns [B, T, H, D]."""
-    if _kernel is None:
+    binding: AttentionBinding = getattr(module, BINDING, _SDPA)
+    if binding.kernel is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
     q_len, kv_len = query.shape[2], key.shape[2]
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     mask = attention_mask
-    if mask is not None and causal and _options.causal_mask and q_len == kv_len:
+    if mask is not None and causal and binding.options.causal_mask and q_len == kv_len:
         mask = None  # right-padded batches: real tokens never see the pads after them
     if mask is not None:
         mask = mask[:, :, :, :kv_len]
         causal = False  # the mask already holds the causal part (sdpa_mask builds it so)
     else:
         causal = causal and q_len > 1 and q_len == kv_len
-    output = _kernel(query, key, value, mask, dropout, causal, scaling, module)
+    output = binding.kernel(query, key, value, mask, dropout, causal, scaling, module)
     return output.transpose(1, 2).contiguous(), None

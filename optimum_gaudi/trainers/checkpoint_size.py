@@ -89,7 +89,7 @@ def check_room_for_a_checkpoint(trainer: Any) -> None:
     checks = args.should_save or (sharded and args.local_process_index == 0)  # sharded: one rank per node
     problem = _problem(trainer, sharded) if checks else None
     if args.world_size > 1 and torch.distributed.is_initialized():
-        problem = _first_problem(problem)
+        problem = _first_problem(problem, args.parallel_layout.host_group())
     if problem is not None:
         raise UserError(problem)
 
@@ -99,12 +99,10 @@ def _sharded_fsdp_checkpoints(trainer: Any) -> bool:
     return plugin is not None and "SHARDED_STATE_DICT" in str(getattr(plugin, "state_dict_type", ""))
 
 
-def _first_problem(problem: str | None) -> str | None:
+def _first_problem(problem: str | None, group: Any) -> str | None:
     """Every rank's verdict: the problem of the first rank that found one (a collective, before step 1)."""
-    from ..distributed.host_group import host_group
-
     found = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(found, problem, group=host_group())
+    torch.distributed.all_gather_object(found, problem, group=group)
     return next((p for p in found if p is not None), None)
 
 

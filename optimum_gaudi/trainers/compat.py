@@ -2,7 +2,7 @@
 
 The Gaudi features override a handful of Trainer hooks. Older releases (5.0 to 5.2, 4.57) lack some of them, which
 the small shims below rebuild from what those releases do have; ``get_cp_size`` (context parallelism's divisor) is 1
-where it is missing, and --context_parallel_size is refused there. The shims sit between the Gaudi mixin and the
+where it is missing, and context parallelism is refused there (distributed/layout.py). The shims sit between the Gaudi mixin and the
 Trainer and are empty on a release that has every hook. A release that drops or renames a hook with no shim fails at
 construction with one clear line, never silently trains without the feature.
 """
@@ -42,8 +42,8 @@ TRAINER_HOOKS = (
     "_save_optimizer_and_scheduler",  # --async_save: FSDP's shards written in the background
     "_load_from_checkpoint",  # the fp8 scaling state a checkpoint keeps beside the weights (precision/fp8.py)
     "_load_callback_state",  # run totals kept out of callback-state matching (metrics.py)
-    "get_cp_size",  # --context_parallel_size: the ranks that share a batch (distributed/sequence_parallel.py)
-    "get_train_dataloader",  # --context_parallel_size: those ranks read the same batches
+    "get_cp_size",  # context parallelism: the ranks that share a batch (distributed/layout.py)
+    "get_train_dataloader",  # context parallelism: those ranks read the same batches
 )
 
 
@@ -141,8 +141,8 @@ def _mixed_precision(args: Any, value: str) -> Iterator[None]:
 
 
 class _CpSize:
-    """A transformers without ``get_cp_size``: nothing there divides by it (and --context_parallel_size is
-    refused there in one line, distributed/sequence_parallel.py)."""
+    """A transformers without ``get_cp_size``: nothing there divides by it (and context parallelism is refused
+    there in one line, distributed/layout.py)."""
 
     def get_cp_size(self) -> int:
         return 1

@@ -162,10 +162,8 @@ class NonFiniteGuard(TrainerCallback):
         mine = torch.tensor([0.0 if math.isfinite(value) else 1.0, value], dtype=torch.float64)
         if not several:
             return ([0] if mine[0] else []), str(value)
-        from ..distributed.host_group import host_group
-
         gathered = [torch.zeros(2, dtype=torch.float64) for _ in range(torch.distributed.get_world_size())]
-        torch.distributed.all_gather(gathered, mine, group=host_group())
+        torch.distributed.all_gather(gathered, mine, group=self.trainer.args.parallel_layout.host_group())
         bad = [rank for rank, row in enumerate(gathered) if row[0]]
         return bad, (str(float(gathered[bad[0]][1])) if bad else str(value))
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers import TrainerCallback
-
-from ..distributed.host_group import host_group
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +30,9 @@ PERSISTENT_INTERVALS = 3  # logging intervals in a row a rank must be slow to be
 class Stragglers(TrainerCallback):
     """Installed by GaudiTrainer around each ``train()`` of a multi-process run."""
 
-    def __init__(self, threshold: float) -> None:
+    def __init__(self, threshold: float, host_group: Callable[[], Any]) -> None:
         self.threshold = threshold
+        self._host_group = host_group  # the run's gloo group of every rank (ParallelLayout.host_group), on first use
         self._seconds = 0.0  # this logging interval's time outside backward, summed over its steps
         self._steps = 0
         self._step_seconds = 0.0
@@ -68,7 +69,7 @@ class Stragglers(TrainerCallback):
         mine = torch.tensor([self._seconds / max(self._steps, 1)], dtype=torch.float64)
         self._seconds, self._steps = 0.0, 0
         times = [torch.zeros(1, dtype=torch.float64) for _ in range(torch.distributed.get_world_size())]
-        torch.distributed.all_gather(times, mine, group=host_group())
+        torch.distributed.all_gather(times, mine, group=self._host_group())
         seconds = [float(t) for t in times]
         slowest = max(range(len(seconds)), key=seconds.__getitem__)
         fastest = min(range(len(seconds)), key=seconds.__getitem__)

@@ -49,7 +49,7 @@ from ..distributed.fsdp import (
     use_mixed_precision_policy,
     wrap_this_models_layers,
 )
-from ..distributed.host_group import host_group, set_group_timeout
+from ..distributed.layout import ParallelLayout
 from ..distributed.sequence_parallel import SequenceParallel
 from ..features import attention, kernels
 from ..features import linear_cross_entropy as fused_loss
@@ -177,7 +177,6 @@ class GaudiTrainerMixin(TrainerShims):
                 "with the same keyword arguments."
             )
         self._move_removed_keywords(args, trainer_kwargs)
-        set_group_timeout(args.ddp_timeout)  # the groups made here wait as long as the default group
         check_trainer_hooks(type(self), GaudiTrainerMixin)
         if isinstance(gaudi_config, dict):
             gaudi_config = GaudiConfig.from_dict(gaudi_config)
@@ -202,7 +201,9 @@ class GaudiTrainerMixin(TrainerShims):
         # the op-list autocast, fp8, FSDP's bf16 gathers, the fp8 scaling state in checkpoints (precision/plan.py)
         self._precision = PrecisionPlan.build(args, self.gaudi_config, self.gaudi_device, args.autocast_device)
         self._background_writes = BackgroundWrites()  # --async_save: shards still being written, then the publish
-        self._sequence_parallel: SequenceParallel | None = None  # --context_parallel_size > 1, once distributed
+        # every degree of the run, the context parallelism chosen, the process groups (distributed/layout.py)
+        self._layout: ParallelLayout = args.parallel_layout
+        self._sequence_parallel: SequenceParallel | None = None  # this trainer's split (ours), once distributed
         self._predicting = False  # inside prediction_step, whose batches are not split
         self._guard: NonFiniteGuard | None = None  # during train(): non-finite steps stopped or skipped
         self._watch: ProgressWatch | None = None  # during a multi-process train(): the progress watchdog
@@ -273,9 +274,7 @@ class GaudiTrainerMixin(TrainerShims):
             use_mixed_precision_policy(
                 self.accelerator.state.fsdp_plugin, self._precision.fsdp_mixed_precision_policy()
             )
-        torch_cp = getattr(self.args, "parallelism_config", None) is not None  # CUDA under FSDP: torch's own path
-        if self.args.context_parallel_size > 1 and not torch_cp:
-            self._sequence_parallel = SequenceParallel(self.args.context_parallel_size)
+        self._sequence_parallel = self._layout.sequence_parallel()  # None unless the split is ours
 
     def get_cp_size(self) -> int:
         """The ranks that share a training batch (transformers divides the data-parallel world and the token count
@@ -367,7 +366,7 @@ class GaudiTrainerMixin(TrainerShims):
         if args.attn_implementation is not None:
             if args.attn_implementation == attention.ATTENTION_NAME:
                 options = attention.FusedAttentionOptions.from_args(args)
-                attention.use_device_kernel(device.attention_kernel(options), options)
+                attention.bind(model, device.attention_kernel(options), options)  # this model's, not the process's
             base = getattr(model, "get_base_model", lambda: model)()  # a PEFT model's transformers model
             if getattr(base.config, "_attn_implementation", None) != args.attn_implementation:
                 base.set_attn_implementation(args.attn_implementation)
@@ -403,7 +402,7 @@ class GaudiTrainerMixin(TrainerShims):
         model.compile(**self._compile.compile_kwargs())
 
     def _use_fast_ddp(self) -> bool:
-        return self.args.distribution_strategy == "fast_ddp" and self.args.world_size > 1
+        return self._layout.fast_ddp
 
     def _wrap_for_fast_ddp(self, model: nn.Module) -> nn.Module:
         """Autocast and placement from accelerate, but no DDP: gradients go through one fused all-reduce."""
@@ -648,7 +647,7 @@ class GaudiTrainerMixin(TrainerShims):
         self._guard = NonFiniteGuard(self)
         several = self.args.world_size > 1 and torch.distributed.is_initialized()
         self._watch = ProgressWatch() if several and watchdog_wanted(self.args) else None
-        self._stragglers = Stragglers(self.args.straggler_threshold) if several else None
+        self._stragglers = Stragglers(self.args.straggler_threshold, self._layout.host_group) if several else None
         installed = [c for c in (preemption, self._guard, self._watch, self._stragglers) if c is not None]
         for callback in installed:  # in this order: the watchdog sees the save SIGTERM asks for
             self.add_callback(callback)
@@ -729,7 +728,7 @@ class GaudiTrainerMixin(TrainerShims):
         flag = torch.tensor([0.0 if bad is None else 1.0])
         sharded = self.is_fsdp_enabled or self.is_deepspeed_enabled  # else every rank holds the same weights
         if sharded and self.args.world_size > 1 and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=host_group())
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self._layout.host_group())
         if not flag.item():
             return False
         if bad is not None or self.is_world_process_zero():
@@ -746,7 +745,8 @@ class GaudiTrainerMixin(TrainerShims):
         scheduler as transformers saves it."""
         if not (self.args.async_save and self.is_fsdp_enabled):
             return super()._save_optimizer_and_scheduler(output_dir)
-        groups = [host_group("async_save_model"), host_group("async_save_optimizer")]  # one per writing thread
+        layout = self._layout
+        groups = [layout.host_group("async_save_model"), layout.host_group("async_save_optimizer")]  # one a thread
         self._background_writes.add(save_sharded_async(self.model, self.optimizer, output_dir, groups))
         if self.args.should_save:
             torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, SCHEDULER_NAME))
@@ -755,7 +755,7 @@ class GaudiTrainerMixin(TrainerShims):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         world = self.args.world_size
-        data_world = world // self.get_cp_size()  # the ranks splitting a sequence train (and count) one batch
+        data_world = self._layout.data_parallel_size  # the ranks splitting a sequence train (and count) one batch
         eval_prefixes = [k.removesuffix("_runtime") for k in logs if k.endswith("_runtime") and k != "train_runtime"]
         measured = self.args.log_throughput_and_memory  # off: transformers' keys only (a true subclass)
         if "train_runtime" in logs:
@@ -844,6 +844,7 @@ class GaudiTrainerMixin(TrainerShims):
                 model,
                 output_dir,
                 is_main_process=self.args.should_save,
+                host_group=self._layout.host_group(),
                 state_filter=self._precision.without_scaling_state,
             )
             if self.args.should_save:

@@ -21,9 +21,9 @@ from transformers import TrainingArguments
 from ..configuration.gaudi_config import GaudiConfig
 from ..devices import CPUDevice, Device, detect_device
 from ..devices.hpu import bridge_installed, prepare_bridge
-from ..distributed import sequence_parallel
 from ..distributed.fsdp import fsdp2_config, read_fsdp_config
 from ..distributed.host_group import honour_timeout
+from ..distributed.layout import ParallelLayout, argument_problem
 from ..errors import UserError
 from ..features import attention
 from ..features.compilation import apply_dynamo_options, check_compile_flags, compile_choice_problem
@@ -342,8 +342,11 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             self.gaudi_device.register_ddp_backend()
             if self.hang_timeout != 0:
                 enable_flight_recorder()  # the watchdog's report names the collective each rank waits in
-        if self.context_parallel_size > 1 and self.fsdp and self.gaudi_device.torch_context_parallel:
-            self._use_torch_context_parallel()
+        # every degree of the run, and the one choice of context parallelism (distributed/layout.py)
+        self.parallel_layout = ParallelLayout.from_arguments(self, _launched_world_size(mpi=True))
+        config = self.parallel_layout.parallelism_config()  # torch's context parallelism, as accelerate runs it
+        if config is not None and getattr(self, "parallelism_config", None) is None:  # a user's own is kept
+            self.parallelism_config = config
         if self.torch_compile and self.torch_compile_backend is None:
             self.torch_compile_backend = self.gaudi_device.compile_backend
         elif self.torch_compile_backend == "hpu_backend" != self.gaudi_device.compile_backend:
@@ -507,7 +510,7 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
     def _check_optimum_habana_flags(self) -> None:
         """optimum-habana's fields that cannot act here: an error when the run could not be what was asked, one
         line when it can (never a flag silently dropped)."""
-        problem = sequence_parallel.argument_problem(self, _launched_world_size())
+        problem = argument_problem(self, _launched_world_size())  # --context_parallel_size (distributed/layout.py)
         if problem is not None:
             raise GaudiArgumentError(problem)
         if self.use_compiled_autograd and not self.torch_compile:
@@ -543,14 +546,6 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
                 "--async_save with --load_best_model_at_end: the best checkpoint may still be written in the "
                 "background when training ends and the best model is loaded; drop one of them."
             )
-
-    def _use_torch_context_parallel(self) -> None:
-        """Under FSDP2 on a device whose SDPA kernels torch's context parallelism shards (CUDA): transformers' and
-        accelerate's own path (ring attention, ``parallelism_config.cp_size``) instead of the all-to-all."""
-        from accelerate import ParallelismConfig
-
-        size = self.context_parallel_size
-        self.parallelism_config = ParallelismConfig(dp_shard_size=_launched_world_size() // size, cp_size=size)
 
     def _check_deepspeed_config(self) -> None:
         """transformers reports a DeepSpeed config value that disagrees with the arguments (e.g. "bf16": {"enabled":
@@ -630,9 +625,12 @@ _NUMERIC_RANGES = (
 )
 
 
-def _launched_world_size() -> int:
-    """The number of processes the launcher (torchrun, ours, mpirun through the bridge) started: 1 without one."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+def _launched_world_size(mpi: bool = False) -> int:
+    """The number of processes the launcher (torchrun, ours, mpirun through the bridge) started: 1 without one.
+    ``mpi``: also mpirun's own variable, which the bridge's hccl module copies to WORLD_SIZE when it loads (the
+    layout's world is the one the trainer's process group will have)."""
+    fallback = os.environ.get("OMPI_COMM_WORLD_SIZE", "1") if mpi else "1"
+    return int(os.environ.get("WORLD_SIZE", fallback))
 
 
 def _paged_adamw_without_bitsandbytes(args: TrainingArguments) -> None:

@@ -54,7 +54,8 @@ def train_and_save(out: Path, name: str, model, args, resume=None) -> list[float
     trainer.save_model(str(out / name))
     unwrapped = trainer.accelerator.unwrap_model(trainer.model, keep_torch_compile=False)
     if plain:  # the same model once more, in several files
-        full_weights.save_pretrained(unwrapped, str(out / f"{name}_split"), is_main_process=rank0, max_shard_size="8KB")
+        full_weights.save_pretrained(unwrapped, str(out / f"{name}_split"), is_main_process=rank0, max_shard_size="8KB",
+                                     host_group=args.parallel_layout.host_group())  # fmt: skip
     state = full_state(unwrapped)
     if trainer.is_world_process_zero():
         torch.save(state, out / f"expected_{name}.pt")

@@ -2,8 +2,9 @@
 
     group_timeouts.py OUT_DIR --ddp_timeout SECONDS
 
-Run on 2 processes. The arguments make the default group (as transformers does, with --ddp_timeout); then every
-rank makes the host group, --async_save's writer groups (made alike: one of them) and the sequence-parallel group, and rank 1 never joins
+Run on 2 processes. The arguments make the default group (as transformers does, with --ddp_timeout) and the run's
+parallel layout (--context_parallel_size 2); then every rank makes the layout's host group, --async_save's writer
+groups (made alike: one of them) and the sequence-parallel group, and rank 1 never joins
 a collective on them: rank 0 times how long each all-reduce waits before it fails, and writes OUT_DIR/waits.json.
 """
 
@@ -18,18 +19,18 @@ import torch.distributed as dist
 from transformers import HfArgumentParser
 
 from optimum_gaudi import GaudiTrainingArguments
-from optimum_gaudi.distributed.host_group import host_group
-from optimum_gaudi.distributed.sequence_parallel import SequenceParallel
 
 
 def main() -> None:
     out, argv = Path(sys.argv[1]), sys.argv[2:]
-    (args,) = HfArgumentParser(GaudiTrainingArguments).parse_args_into_dataclasses(["--output_dir", str(out), *argv])
+    argv = ["--output_dir", str(out), "--context_parallel_size", "2", *argv]
+    (args,) = HfArgumentParser(GaudiTrainingArguments).parse_args_into_dataclasses(argv)
     args.device  # noqa: B018 - makes the default process group, as the Trainer does
+    layout = args.parallel_layout
     groups = {
-        "host": host_group(),
-        "async_save_model": host_group("async_save_model"),
-        "sequence_parallel": SequenceParallel(2).group,
+        "host": layout.host_group(),
+        "async_save_model": layout.host_group("async_save_model"),
+        "sequence_parallel": layout.sequence_group(),
     }
     if dist.get_rank() == 1:  # never joins: alive, but stuck elsewhere until rank 0 is done
         deadline = time.monotonic() + 4 * args.ddp_timeout + 10

@@ -103,13 +103,19 @@ def main() -> None:
             "deepspeed": zero_facts(trainer),
             "gaudi_config_saved_to": list(SAVED_BY_RANK),
             "seconds": time.perf_counter() - began,
+            "device": str(next(trainer.model.parameters()).device.type),
+            "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
         }
         (out / f"{name}.rank{args.process_index}.json").write_text(json.dumps(record))
         del trainer
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
-    # as in train_tiny.py: the results are written, leave before a rank can hang in interpreter exit
+    # as in train_tiny.py: the results are written, leave before a rank can hang in interpreter exit (the simulated
+    # bridge's call log, written at exit otherwise, first)
+    simulator = sys.modules.get("habana_frameworks")
+    if simulator is not None and hasattr(simulator, "write_call_log"):
+        simulator.write_call_log()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

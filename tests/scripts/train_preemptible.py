@@ -29,7 +29,6 @@ import torch  # noqa: E402
 from transformers import HfArgumentParser, TrainerCallback  # noqa: E402
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments  # noqa: E402
-from optimum_gaudi.distributed.host_group import host_group  # noqa: E402
 
 
 class Watch(TrainerCallback):
@@ -55,11 +54,11 @@ class Watch(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         time.sleep(0.01)  # a step of the tiny model takes ~5 ms: slow enough that a signal can land anywhere
         if self.host_collectives is None and args.world_size > 1:  # the run's first step (resumed or not)
-            self.host_collectives = host_group()._get_sequence_number_for_group()
+            self.host_collectives = args.parallel_layout.host_group()._get_sequence_number_for_group()
 
     def on_train_end(self, args, state, control, **kwargs):
         if args.world_size > 1:
-            done = host_group()._get_sequence_number_for_group() - self.host_collectives
+            done = args.parallel_layout.host_group()._get_sequence_number_for_group() - self.host_collectives
             (self.out / f"host_collectives.rank{args.process_index}").write_text(str(done))
         if self.signal_step is not None:
             (self.out / f"signal_step.rank{args.process_index}").write_text(str(self.signal_step))

@@ -159,6 +159,10 @@ UNDOS = (
                                           "            return self._armed and now - self._armed_at >= self.limit",
                                           "            return False"),),
          (f"{STALLS}::test_a_rank_stopped_before_its_watchdogs_first_tick_is_named_as_stopped",), device=False),
+    Undo("watchdog-hold", "38.2", (("optimum_gaudi/distributed/watchdog.py",
+                                    "        if self._ending.is_set():\n            threading.Event().wait()\n",
+                                    "        pass\n"),),
+         (f"{STALLS}::test_once_a_verdict_is_known_the_training_loop_makes_no_more_progress",), device=False),
 )  # fmt: skip
 
 

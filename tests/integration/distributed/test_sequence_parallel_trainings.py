@@ -55,7 +55,8 @@ def single_process(tmp_path, attn: str, side: str, per_device: int, eval_rows: i
 
 def assert_same_training(split: dict, single: dict) -> None:
     assert split["losses"] == pytest.approx(single["losses"], rel=1e-5)
-    assert split["logged_batch"] == pytest.approx(single["logged_batch"], rel=0.01)  # throughput: a batch once
+    (low, high), (single_low, single_high) = split["logged_batch"], single["logged_batch"]
+    assert low <= single_high and single_low <= high, (split["logged_batch"], single["logged_batch"])  # a batch once
     torch.testing.assert_close(torch.tensor(split["parameters"]), torch.tensor(single["parameters"]), atol=2e-6, rtol=0)
 
 

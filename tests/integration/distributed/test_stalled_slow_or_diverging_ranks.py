@@ -66,6 +66,9 @@ def test_a_stopped_rank_an_endless_loop_and_a_collective_never_joined_are_report
     assert final.startswith(f"error: rank {last} made no progress for ") and str(folders[-1]) in final
     assert "Restart 1 of this job: resuming from" in result.stderr
     assert "Restart 2 of this job: resuming from" in result.stderr
+    # no checkpoint newer than a stall was published while the job ended (stalls after steps 5 and 9)
+    resumed = [json.loads((tmp_path / f"attempt-{n}.json").read_text())["resumed_at"] for n in range(3)]
+    assert resumed == [0, 4, 8], resumed
     # one line per stall from the deciding rank, and the launcher's
     assert [line.startswith(f"error: rank {last} made no progress") for line in errors.splitlines()] == [True] * 4, (
         errors

@@ -82,12 +82,6 @@ def train_losses(model, training_args, data, gaudi_config=None) -> list[float]:
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
 
-@pytest.fixture(autouse=True)
-def _cpu_kernel_after_each_test():
-    yield
-    attention.use_device_kernel(None, attention.FusedAttentionOptions())
-
-
 # ---- CPU: gaudi_fused_sdpa is transformers' sdpa, call for call -------------------------------------------------
 
 

@@ -11,7 +11,7 @@ from optimum_gaudi import GaudiTrainingArguments
 
 
 def test_combinations_that_cannot_split_are_one_line(monkeypatch, tmp_path):
-    from optimum_gaudi.distributed.sequence_parallel import argument_problem
+    from optimum_gaudi.distributed.layout import argument_problem
 
     args = GaudiTrainingArguments(output_dir=str(tmp_path))
     for given, expected in [
@@ -54,21 +54,20 @@ def test_an_encoder_is_refused_in_one_line():
 
     sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=8)
     bert = BertForMaskedLM(BertConfig(vocab_size=tiny.VOCAB, max_position_embeddings=64, **sizes))
-    split = object.__new__(SequenceParallel)  # its hooks without process groups
-    split.size = 2
+    split = SequenceParallel(2, group=None, data_parallel_size=1, data_parallel_index=0)  # no process group
     with pytest.raises(UserError) as refused:
         split.use(bert)
     assert str(refused.value) == (
         "--context_parallel_size 2 splits causal (decoder) models only; this model has bidirectional attention "
         "(an encoder)."
     )
-    assert bert.config._attn_implementation != "gaudi_sequence_parallel"  # left as it was
+    assert not bert.config._attn_implementation.startswith("gaudi_sequence_parallel")  # left as it was
 
 
 def test_transformers_parallelism_config_that_disagrees_is_one_line(tmp_path):
     from accelerate import ParallelismConfig
 
-    from optimum_gaudi.distributed.sequence_parallel import argument_problem
+    from optimum_gaudi.distributed.layout import argument_problem
 
     args = GaudiTrainingArguments(output_dir=str(tmp_path))
     args.context_parallel_size, args.parallelism_config = 2, ParallelismConfig(sp_size=2)
@@ -79,13 +78,17 @@ def test_transformers_parallelism_config_that_disagrees_is_one_line(tmp_path):
 
 def test_cuda_under_fsdp_takes_transformers_context_parallel_path(tmp_path, monkeypatch):
     """Where torch's context parallelism shards the device's SDPA (CUDA) and FSDP2 runs, --context_parallel_size
-    becomes transformers' parallelism_config (FSDP over world / N, cp N)."""
+    becomes transformers' parallelism_config (FSDP over world / N, cp N): the layout's one choice."""
     from optimum_gaudi.devices import CPUDevice, CUDADevice
+    from optimum_gaudi.distributed.layout import CP_ALL_TO_ALL, CP_TORCH, ParallelLayout
 
     assert CUDADevice.torch_context_parallel and not CPUDevice.torch_context_parallel
     args = GaudiTrainingArguments(output_dir=str(tmp_path))
-    monkeypatch.setenv("WORLD_SIZE", "8")
-    args.context_parallel_size = 4
-    args._use_torch_context_parallel()
-    config = args.parallelism_config
+    args.context_parallel_size, args.fsdp, args.gaudi_device = 4, "full_shard", CUDADevice()
+    layout = ParallelLayout.from_arguments(args, world_size=8)
+    assert (layout.cp_implementation, layout.data_parallel_size, layout.dp_shard_size) == (CP_TORCH, 2, 2)
+    config = layout.parallelism_config()
     assert (config.cp_size, config.dp_shard_size, config.total_size) == (4, 2, 8)
+    args.gaudi_device = CPUDevice()  # no sharding rule for its kernels: ours, FSDP over the whole world
+    layout = ParallelLayout.from_arguments(args, world_size=8)
+    assert (layout.cp_implementation, layout.dp_shard_size, layout.parallelism_config()) == (CP_ALL_TO_ALL, 8, None)

@@ -143,6 +143,30 @@ def test_a_rank_stopped_before_its_watchdogs_first_tick_is_named_as_stopped(tmp_
     assert [v["ranks"] for v in verdicts] == [[1]] and "stopped running" in verdicts[0]["why"]
 
 
+def test_once_a_verdict_is_known_the_training_loop_makes_no_more_progress(tmp_path, monkeypatch):
+    """A stopped rank is continued to write its stacks, and it then rejoins the collective the others wait in: their
+    training went on and saved checkpoints while the watchdog ended the job (a 4-process stall test resumed past
+    its next stall). Once this rank knows the verdict, its loop waits at its next step boundary or save for the
+    process to end, so no checkpoint newer than the stall is published."""
+    from optimum_gaudi.distributed import watchdog
+
+    exits = []
+    monkeypatch.setattr(watchdog.os, "_exit", lambda code: exits.append(code))
+    store = FakeStore()
+    dog = watchdog.Watchdog(store, 0, 2, tmp_path, limit=1.0)
+    store.set(dog._key("done/1"), "1")  # the other rank's report is written: no wait for it
+    dog.step_begin(1)
+    dog.step_end(1)  # no verdict: the loop goes on
+    verdict = {"folder": "hang-x", "ranks": [1], "why": "stopped", "seconds": 6, "where": "after step 5", "by": 1}
+    dog._finish(verdict, decided=False, beats={})
+    assert exits == [watchdog.STALL_EXIT_CODE] and (tmp_path / "hang-x" / "rank0.txt").exists()
+    for mark in (lambda: dog.step_begin(2), lambda: dog.step_end(1), lambda: dog.pause("a save")):
+        loop = threading.Thread(target=mark, daemon=True)  # the training loop's thread, held until the process ends
+        loop.start()
+        loop.join(0.5)
+        assert loop.is_alive()
+
+
 def test_a_rank_whose_training_ended_is_not_taken_for_a_stopped_one(tmp_path):
     from optimum_gaudi.distributed.watchdog import FINISHED
 

@@ -7,6 +7,7 @@ Follows ``core/torch_overwrites.py`` (1.19.0):
   with the seed it drew, and ``torch.random.fork_rng`` forks the hpu generator when no ``device_type`` is named
   (with ``devices`` unset that is every index below ``device_count()``: on a machine of several Gaudis
   ``get_rng_state`` then refuses index 1, as on the bridge);
+- ``Tensor.record_stream`` of an hpu tensor calls ``hpu.record_stream`` (torch's has no HPU kernel);
 
 and the process-group functions of ``torch.distributed`` (the package's names: torch's own modules, DeviceMesh and
 FSDP2 among them, call ``distributed_c10d``'s and are not affected):
@@ -44,7 +45,24 @@ def _comm_group_cache() -> bool:
 
 def overwrite_torch_functions() -> None:
     _overwrite_random()
+    _overwrite_record_stream()
     _overwrite_process_groups()
+
+
+def _overwrite_record_stream() -> None:
+    """``Tensor.record_stream`` of an hpu tensor goes to ``hpu.record_stream`` (torch's own has no HPU kernel)."""
+    from .. import hpu
+
+    record_orig = torch.Tensor.record_stream
+
+    def record_stream(self, stream):
+        if isinstance(self, torch.Tensor) and self.device.type == "hpu":
+            hpu.record_stream(self, stream)
+        else:
+            record_orig(self, stream)
+
+    torch.Tensor.record_stream = functools.wraps(record_orig)(record_stream)
+    _hf.on_unload(lambda: setattr(torch.Tensor, "record_stream", record_orig))
 
 
 def _overwrite_random() -> None:

@@ -208,6 +208,14 @@ def stream(stream):
     yield
 
 
+def record_stream(tensor, stream) -> None:
+    """``hpu/streams.py``: keep ``tensor``'s memory until the work queued on ``stream`` is done (DeepSpeed's ZeRO-3
+    frees a partitioned parameter after this). The simulated device has done all work when a call returns."""
+    if stream.device.type != "hpu":
+        raise RuntimeError(f"record_stream: expected a stream on hpu, got one on {stream.device}")
+    _hf.record("hpu.record_stream")
+
+
 def is_bf16_supported() -> bool:
     return is_available()
 

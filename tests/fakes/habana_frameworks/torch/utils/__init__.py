@@ -1,1 +1,1 @@
-"""TEST DOUBLE of ``habana_frameworks.torch.utils`` (only ``internal``)."""
+"""TEST DOUBLE of ``habana_frameworks.torch.utils`` (``internal``, and the slice of ``experimental`` DeepSpeed calls)."""

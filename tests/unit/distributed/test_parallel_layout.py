@@ -1,0 +1,60 @@
+"""ParallelLayout (distributed/layout.py): the degrees of a run worked out once, from the arguments and the world,
+and the one choice of context parallelism. The multi-process behaviour (groups, splits) is in
+tests/integration/distributed/test_sequence_parallel_trainings.py and test_stalled_slow_or_diverging_ranks.py."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+from optimum_gaudi import GaudiTrainingArguments
+from optimum_gaudi.devices import CPUDevice, CUDADevice
+from optimum_gaudi.distributed.layout import CP_ALL_TO_ALL, CP_TORCH, ParallelLayout
+
+
+def arguments(tmp_path, **flags) -> GaudiTrainingArguments:
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), report_to=[])
+    for name, value in flags.items():
+        setattr(args, name, value)
+    return args
+
+
+def test_the_arguments_build_one_layout_of_one_process(tmp_path):
+    layout = GaudiTrainingArguments(output_dir=str(tmp_path), report_to=[], ddp_timeout=7).parallel_layout
+    assert layout == ParallelLayout(world_size=1, ddp_timeout=7)
+    assert (layout.data_parallel_size, layout.dp_shard_size, layout.dp_replicate_size) == (1, 1, 1)
+    assert layout.sequence_parallel() is None and layout.parallelism_config() is None
+    assert layout.host_group() is None  # no process group: nothing to make
+
+
+def test_degrees_and_the_context_parallel_choice(tmp_path):
+    ddp = ParallelLayout.from_arguments(arguments(tmp_path, context_parallel_size=2), world_size=8)
+    assert (ddp.cp_implementation, ddp.data_parallel_size, ddp.dp_replicate_size, ddp.dp_shard_size) == (
+        CP_ALL_TO_ALL, 4, 8, 1
+    )  # fmt: skip
+    fast = ParallelLayout.from_arguments(arguments(tmp_path, distribution_strategy="fast_ddp"), world_size=2)
+    assert fast.fast_ddp and fast.cp_implementation is None
+    alone = ParallelLayout.from_arguments(arguments(tmp_path, distribution_strategy="fast_ddp"), world_size=1)
+    assert not alone.fast_ddp  # one process: nothing to reduce
+    fsdp = dict(fsdp="full_shard", context_parallel_size=4)
+    cpu = ParallelLayout.from_arguments(arguments(tmp_path, gaudi_device=CPUDevice(), **fsdp), world_size=8)
+    cuda = ParallelLayout.from_arguments(arguments(tmp_path, gaudi_device=CUDADevice(), **fsdp), world_size=8)
+    assert (cpu.cp_implementation, cuda.cp_implementation) == (CP_ALL_TO_ALL, CP_TORCH)
+
+
+def test_a_users_own_parallelism_config_is_torchs_context_parallelism(tmp_path):
+    """transformers' parallelism_config with cp_size 2 and no --context_parallel_size: torch's path, whose divisor
+    the data-parallel world counts (as transformers' get_cp_size does)."""
+    from accelerate import ParallelismConfig
+
+    given = ParallelismConfig(dp_shard_size=2, cp_size=2)
+    layout = ParallelLayout.from_arguments(arguments(tmp_path, parallelism_config=given), world_size=4)
+    assert (layout.cp_size, layout.cp_implementation, layout.data_parallel_size) == (2, CP_TORCH, 2)
+    assert layout.sequence_parallel() is None  # not ours: no split of our own
+
+
+def test_copies_of_the_arguments_carry_the_degrees_not_the_groups(tmp_path):
+    args = GaudiTrainingArguments(output_dir=str(tmp_path), report_to=[])
+    args.parallel_layout._groups["host"] = (object(), object())  # as if made
+    for copied in (copy.deepcopy(args).parallel_layout, pickle.loads(pickle.dumps(args)).parallel_layout):
+        assert copied == args.parallel_layout and copied._groups == {}
