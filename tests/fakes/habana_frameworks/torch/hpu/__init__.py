@@ -209,8 +209,10 @@ def stream(stream):
 
 
 def record_stream(tensor, stream) -> None:
-    """``hpu/streams.py``: keep ``tensor``'s memory until the work queued on ``stream`` is done (DeepSpeed's ZeRO-3
-    frees a partitioned parameter after this). The simulated device has done all work when a call returns."""
+    """``hpu/streams.py`` -> ``hpu/csrc/bindings.cpp``: keep ``tensor``'s memory until the work queued on ``stream``
+    is done (DeepSpeed's ZeRO-3 frees a partitioned parameter after this); the stream is rebuilt as an HPUStream,
+    whose constructor refuses any other device type (``backend/habana_device/HPUStream.h``). The simulated device
+    has done all work when a call returns."""
     if stream.device.type != "hpu":
         raise RuntimeError(f"record_stream: expected a stream on hpu, got one on {stream.device}")
     _hf.record("hpu.record_stream")
