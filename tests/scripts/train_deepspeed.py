@@ -4,7 +4,8 @@ Used by tests/integration/distributed/test_deepspeed.py under ``optimum-gaudi la
 
     train_deepspeed.py OUT_DIR PLAN.json [GaudiTrainingArguments flags shared by every run...]
 
-PLAN.json is a list of runs, each ``{"name": ..., "args": [...], "resume": "CHECKPOINT" (optional)}``; run NAME
+PLAN.json is a list of runs, each ``{"name": ..., "args": [...], "resume": "CHECKPOINT" (optional), "model": "llama"
+(optional: a tiny Llama, else a tiny GPT-2)}``; run NAME
 trains in OUT_DIR/NAME. One launch runs the whole plan: starting the processes and DeepSpeed's communication
 costs more than training. Each rank writes OUT_DIR/NAME.rank{R}.json: the logged losses, and how DeepSpeed
 holds the model on this rank (the ZeRO stage, the optimizer, how many fp32 master weights it keeps), so the
@@ -89,7 +90,8 @@ def main() -> None:
         name = run["name"]
         argv = ["--output_dir", str(out / name), *common, *run.get("args", [])]
         (args,) = HfArgumentParser(GaudiTrainingArguments).parse_args_into_dataclasses(argv)
-        trainer = GaudiTrainer(model=tiny.gpt2(**tiny.NO_DROPOUT), args=args, train_dataset=tiny_data())
+        model = tiny.llama() if run.get("model") == "llama" else tiny.gpt2(**tiny.NO_DROPOUT)
+        trainer = GaudiTrainer(model=model, args=args, train_dataset=tiny_data())
         counter = CountSteps()
         trainer.add_callback(counter)
         SAVED_BY_RANK.clear()

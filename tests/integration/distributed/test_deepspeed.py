@@ -175,6 +175,8 @@ def test_zero_1_2_3_on_simulated_gaudis_issue_only_collectives_the_bridge_takes(
 
     gaudi = ["--use_habana", "--gaudi_config_name", "gpt2"]
     plan = [{"name": "ddp", "args": gaudi}, *(zero_run(stage, *gaudi) for stage in (1, 2, 3))]
+    plan += [{"name": "ddp_llama", "args": gaudi, "model": "llama"}]  # the models Gaudi users train
+    plan += [{**zero_run(3, *gaudi), "name": "zero3_llama", "model": "llama"}]
     log = tmp_path / "simulator.json"
     path = os.pathsep.join(filter(None, [str(REPO / "tests" / "fakes"), os.environ.get("PYTHONPATH")]))
     simulated = {"PYTHONPATH": path, "FAKE_HPU_DEVICE": "1", "FAKE_HPU_DEVICE_COUNT": str(world_size)}
@@ -186,6 +188,12 @@ def test_zero_1_2_3_on_simulated_gaudis_issue_only_collectives_the_bridge_takes(
         assert [(r["device"], r["backend"]) for r in zero] == [("hpu", "hccl")] * world_size
         assert_zero_stage(zero, stage)
         assert_matches_ddp(zero[0], ddp, SIMULATED_LOSS_TOLERANCE)
+    llama = records["zero3_llama"]
+    facts = [r["deepspeed"] for r in llama]
+    assert [(r["device"], r["backend"], r["deepspeed"]["stage"]) for r in llama] == [("hpu", "hccl", 3)] * world_size
+    assert sum(f["master_numel"] for f in facts) == facts[0]["model_numel"]  # the weights split over the ranks
+    assert all(f["local_param_numel"] < f["model_numel"] for f in facts)
+    assert_matches_ddp(llama[0], records["ddp_llama"][0], SIMULATED_LOSS_TOLERANCE)
     issuers = {entry["issuer"] for entry in census.check(log, range(world_size))}
     assert "DeepSpeed" in issuers
 
