@@ -101,6 +101,19 @@ def bind(model: torch.nn.Module, kernel: AttentionKernel | None, options: FusedA
         setattr(module, BINDING, binding)
 
 
+def use(model: torch.nn.Module, args: Any, device: Any) -> None:
+    """The preparation's attention stage: ``--attn_implementation`` set on ``model`` (a PEFT model's
+    transformers model), and for gaudi_fused_sdpa the device's kernel and the flags' modes bound to its layers."""
+    if args.attn_implementation is None:
+        return
+    if args.attn_implementation == ATTENTION_NAME:
+        options = FusedAttentionOptions.from_args(args)
+        bind(model, device.attention_kernel(options), options)
+    base = getattr(model, "get_base_model", lambda: model)()
+    if getattr(base.config, "_attn_implementation", None) != args.attn_implementation:
+        base.set_attn_implementation(args.attn_implementation)
+
+
 def fused_sdpa_attention(
     module: torch.nn.Module,
     query: torch.Tensor,

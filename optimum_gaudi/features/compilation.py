@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .preparation import Seam, undo_attribute, undo_hook
+
 logger = logging.getLogger(__name__)
 
 
@@ -189,6 +191,7 @@ def compile_regions(model: nn.Module, options: CompileOptions) -> str | None:
     name, blocks = found
     for block in blocks:
         block.compile(**options.compile_kwargs())
+        undo_attribute(block, "_compiled_call_impl")
     _no_cache_unless_asked(model)
     _compile_loss_function(model, options)
     return name
@@ -197,9 +200,8 @@ def compile_regions(model: nn.Module, options: CompileOptions) -> str | None:
 def _compile_loss_function(model: nn.Module, options: CompileOptions) -> None:
     """A transformers model's ``loss_function``, compiled (one more small graph): models that compute their
     loss another way keep it eager."""
-    loss_function = _resolved_loss_function(model)
-    if loss_function is not None:
-        model.loss_function = torch.compile(loss_function, **options.compile_kwargs())
+    if _resolved_loss_function(model) is not None:
+        Seam.of(model, "loss_function").put("compiled", lambda own: torch.compile(own, **options.compile_kwargs()))
 
 
 def _no_cache_unless_asked(model: nn.Module) -> None:
@@ -214,14 +216,14 @@ def _no_cache_unless_asked(model: nn.Module) -> None:
             kwargs["use_cache"] = False
         return args, kwargs
 
-    model.register_forward_pre_hook(no_cache, with_kwargs=True)
+    undo_hook(model, model.register_forward_pre_hook(no_cache, with_kwargs=True))
 
 
 def pin_loss_function(model: nn.Module) -> None:
     """Resolve transformers' ``loss_function`` once, eagerly: its one-time warning, when it runs inside a
     compiled forward, is a graph break on every step."""
-    if not hasattr(model, "_loss_function") and (loss_function := _resolved_loss_function(model)) is not None:
-        model.loss_function = loss_function
+    if not hasattr(model, "_loss_function") and _resolved_loss_function(model) is not None:
+        Seam.of(model, "loss_function").put("pinned", lambda own: own)
 
 
 def _resolved_loss_function(model: nn.Module) -> Any:

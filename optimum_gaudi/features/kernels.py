@@ -29,6 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .preparation import Seam
+
 logger = logging.getLogger(__name__)
 
 RMSNormKernel = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]  # (hidden, weight, eps) -> normalized
@@ -68,7 +70,8 @@ def fuse_rms_norms(model: nn.Module, kernel: RMSNormKernel) -> int:
     swapped = 0
     for module in model.modules():
         if "forward" not in vars(module) and is_llama_rms_norm(module):
-            module.forward = types.MethodType(_fused_rms_norm_forward(kernel), module)
+            fused = types.MethodType(_fused_rms_norm_forward(kernel), module)
+            Seam.of(module, "forward").put("fused_rms_norm", lambda own, fused=fused: fused)
             swapped += 1
     return swapped
 
@@ -95,7 +98,8 @@ def fuse_rotary(model: nn.Module, kernel: RotaryKernel) -> int:
             continue
         if not _install_dispatch(home):
             continue
-        module.forward = types.MethodType(_with_rotary(kernel, type(module).forward), module)
+        with_kernel = types.MethodType(_with_rotary(kernel, type(module).forward), module)
+        Seam.of(module, "forward").put("fused_rotary", lambda own, with_kernel=with_kernel: with_kernel)
         swapped += 1
     return swapped
 

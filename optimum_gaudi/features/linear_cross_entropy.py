@@ -33,6 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import UserError
+from .preparation import Seam, undo_attribute, undo_hook
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ _HEAD_CONFIG_KEYS = {
 # How far the model's own logits may be from the output layer's, relative to their largest magnitude (bf16
 # rounding stays far below; a logit scale or a soft cap that matters does not)
 _HEAD_CHECK_TOLERANCE = 0.02
+_INSTALLED = "_gaudi_fused_linear_cross_entropy"  # the model's hooks (or None: they cannot serve it)
 
 
 def _eager_chunk(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, grads: bool) -> torch.Tensor:
@@ -246,8 +248,8 @@ def _head_problem(model: nn.Module) -> str | None:
     if not isinstance(head, nn.Linear):
         kind = "none" if head is None else type(head).__name__
         return f"{name}'s output layer is {kind}, not a torch.nn.Linear (an adapter on lm_head, e.g. LoRA, counts)"
-    loss_function = getattr(model, "loss_function", None)
-    loss_function = getattr(loss_function, "_torchdynamo_orig_callable", loss_function)  # compiled (regionally)
+    seam = Seam.find(model, "loss_function")  # the model's own, under what compilation laid over it
+    loss_function = seam.original if seam is not None else getattr(model, "loss_function", None)
     if loss_function is not ForCausalLMLoss:
         return f"{name} computes its loss otherwise than transformers' ForCausalLMLoss"
     configs = [model.config, getattr(model.config, "text_config", None)]
@@ -264,14 +266,14 @@ class FusedLinearCrossEntropy:
 
     def __init__(self, model: nn.Module) -> None:
         self.head: nn.Linear = model.get_output_embeddings()
-        self.own_loss = model.loss_function
         self.active = False
         self.hidden: torch.Tensor | None = None
         self.probe: tuple[torch.Tensor, torch.Tensor] | None = None  # (the model's last logits, their hidden)
         self.checked = False
         self.compiled_chunk: Callable | None = None  # the chunk step, compiled (see compile_with); None: eager
-        self.head.register_forward_pre_hook(self._take_hidden)
-        model.loss_function = self._loss
+        undo_hook(self.head, self.head.register_forward_pre_hook(self._take_hidden))
+        undo_attribute(model, _INSTALLED)
+        Seam.of(model, "loss_function").put("fused_loss", lambda own: functools.partial(self._loss, own))
 
     @classmethod
     def of(cls, model: nn.Module, strict: bool = True) -> FusedLinearCrossEntropy | None:
@@ -279,12 +281,12 @@ class FusedLinearCrossEntropy:
         they cannot serve is one line: an error when ``strict`` (the flag), else a warning and None (the Gaudi
         config key, which asks for the fused loss where it applies)."""
         model = model.get_base_model() if hasattr(model, "get_base_model") else model
-        if "_gaudi_fused_linear_cross_entropy" not in model.__dict__:
+        if _INSTALLED not in vars(model):
             problem = _head_problem(model)
             if problem is not None:
                 _refuse(problem, strict)
-            model.__dict__["_gaudi_fused_linear_cross_entropy"] = cls(model) if problem is None else None
-        return model.__dict__["_gaudi_fused_linear_cross_entropy"]
+            vars(model)[_INSTALLED] = cls(model) if problem is None else None
+        return vars(model)[_INSTALLED]
 
     def compile_with(self, compile_kwargs: dict[str, Any]) -> None:
         """Compile the loss's chunk step with the model (``torch.compile`` arguments): under regional compilation
@@ -298,10 +300,13 @@ class FusedLinearCrossEntropy:
         self.hidden = args[0]
         return (args[0][..., -1:, :], *args[1:])
 
-    def _loss(self, logits: torch.Tensor, labels: torch.Tensor, vocab_size: int | None = None, **kwargs: Any):
+    def _loss(
+        self, own_loss: Callable, logits: torch.Tensor, labels: torch.Tensor, vocab_size: int | None = None, **kwargs
+    ):
+        """The model's loss function while the hooks are on: ``own_loss`` is what it was before them."""
         hidden, self.hidden = self.hidden, None
         if hidden is None:  # not a training step, or a head that did not go through the hook
-            return self.own_loss(logits, labels, vocab_size, **kwargs)
+            return own_loss(logits, labels, vocab_size, **kwargs)
         weight, bias = self._unsharded_head()
         self.probe = (logits.detach(), hidden[..., -1:, :].detach())
         known = {k: kwargs[k] for k in ("num_items_in_batch", "ignore_index", "shift_labels") if k in kwargs}

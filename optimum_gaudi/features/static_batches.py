@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .preparation import Seam
+
 logger = logging.getLogger(__name__)
 
 
@@ -175,16 +177,12 @@ class StaticRows:
             self._give_up("the model has batch-norm layers, whose padded rows would change the statistics")
             yield
             return
-        original = model.__dict__.get("forward")
-        run = model.forward
-        model.forward = lambda *args, **kwargs: self._forward(run, inner, rows, size, args, kwargs)
+        seam = Seam.of(model, "forward")
+        seam.put("static_batches", lambda run: lambda *a, **kw: self._forward(run, inner, rows, size, a, kw))
         try:
             yield
         finally:
-            if original is None:
-                del model.forward
-            else:
-                model.forward = original
+            seam.remove("static_batches")
 
     def _forward(self, run: Callable, inner: nn.Module, rows: int, size: int, args: tuple, kwargs: dict) -> Any:
         if not self.enabled:
@@ -268,23 +266,21 @@ def _real_rows_loss(model: nn.Module, rows: int, size: int) -> Iterator[list[tor
     if not _has_loss_function(model):
         yield []
         return
-    had_own = "_loss_function" in model.__dict__
-    loss_function = model.loss_function
     returned: list[torch.Tensor] = []
 
-    def real_rows_only(*args: Any, **kwargs: Any) -> Any:
-        loss = loss_function(*cut_rows(args, rows, size), **cut_rows(kwargs, rows, size))
-        returned.append(loss)
+    def real_rows_only(loss_function: Callable) -> Callable:
+        def loss(*args: Any, **kwargs: Any) -> Any:
+            returned.append(loss_function(*cut_rows(args, rows, size), **cut_rows(kwargs, rows, size)))
+            return returned[-1]
+
         return loss
 
-    model.loss_function = real_rows_only
+    seam = Seam.of(model, "loss_function")
+    seam.put("static_batches", real_rows_only)
     try:
         yield returned
     finally:
-        if had_own:
-            model.loss_function = loss_function
-        else:
-            del model._loss_function
+        seam.remove("static_batches")
 
 
 def _check_inert(outputs: Any, size: int, own_losses: list[torch.Tensor]) -> None:

@@ -57,6 +57,7 @@ from ..features.adalora import AdaLoraBudget, adalora_configs
 from ..features.adam_state import keep_step_counts_on_load
 from ..features.compilation import CompilationLog, CompileOptions, compile_regions, pin_loss_function
 from ..features.metrics import Throughput
+from ..features.preparation import Seam, undo_attribute
 from ..features.profiling import EvaluationProfiler, GaudiProfilerCallback
 from ..features.static_batches import StaticRows
 from ..features.table import feature_table
@@ -188,9 +189,7 @@ class GaudiTrainerMixin(TrainerShims):
         self._grad_allreduce: FusedGradientAllReduce | None = None
         self._lazy_mark_step = self.gaudi_device.mark_step if args.use_lazy_mode else None
         self._pipelining_mark_step = self._lazy_mark_step if args.pipelining_fwd_bwd else None
-        self._graph_wrapped: set[tuple[bool, int]] = set()
         self._said_no_eval_graphs = False
-        self._inference_wrapped: tuple[nn.Module, Any] | None = None  # (model, its forward before the graph)
         self._grad_clipper: tuple[weakref.ref, float, Any] | None = None  # (the model, max_norm, clipper)
         self.gaudi_device.set_dynamic_shapes(self.gaudi_config.use_dynamic_shapes)
         self._compile = CompileOptions.from_args(args)
@@ -308,25 +307,77 @@ class GaudiTrainerMixin(TrainerShims):
             if getattr(self.args, f"ddp_{name}", None) is None:
                 setattr(handler, name, value)
 
-    # ---- graphs -------------------------------------------------------------------------------------
+    # ---- model preparation: the stages of features/preparation.py, in its order -------------------------
 
     def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
-        self._use_llm_kernels(self.accelerator.unwrap_model(model, keep_torch_compile=False))
+        """The model prepared in ``preparation.STAGES``' order, at every train, evaluate and predict (each stage
+        does its work once per model). The stages change the model's ``forward`` and ``loss_function`` only
+        through ``preparation.Seam``; ``preparation.undo(model)`` takes all of it back."""
+        inner = self.accelerator.unwrap_model(model, keep_torch_compile=False)
+        attention.use(inner, self.args, self.gaudi_device)
+        if self._sequence_parallel is not None:
+            self._sequence_parallel.use(inner)
+        self._prepare_kernels(inner)
+        self._precision.convert(inner)  # --fp8: the device's fp8 layers and attention, a resumed scaling state
         if self._compile is not None:
-            self._prepare_compile(self.accelerator.unwrap_model(model, keep_torch_compile=False))
-        model = super()._wrap_model(model, training, dataloader)
+            self._prepare_compile(inner)
+        if training and self._fused_loss:
+            self._prepare_fused_loss(inner)
+        model = super()._wrap_model(model, training, dataloader)  # accelerate
         self._use_device_ddp_defaults()
-        # The bridge's graph wrappers patch the module's forward in place: wrap each module once.
-        if training:
-            self._unwrap_inference_graph(model)
-            if self.args.use_hpu_graphs_for_training and (True, id(model)) not in self._graph_wrapped:
-                self._graph_wrapped.add((True, id(model)))
-                # before fast_ddp: ModuleCacher refuses a forward(*args), and caches the model's own signature
-                model = self.gaudi_device.wrap_for_training(model, self.args.max_hpu_graphs)
-            if self._use_fast_ddp() and not isinstance(model, FastDDPModel):
-                model = self._wrap_for_fast_ddp(model)
+        if not training:
+            return self._with_inference_graphs(model)
+        self._unwrap_inference_graph(model)
+        model = self._with_training_graphs(model)
+        if self._use_fast_ddp() and not isinstance(model, FastDDPModel):
+            model = self._wrap_for_fast_ddp(model)
+        return model
+
+    def _prepare_kernels(self, model: nn.Module) -> None:
+        """The device's fused RMSNorm and rotary kernels where the Gaudi config asks for them."""
+        device, config = self.gaudi_device, self.gaudi_config
+        kernels.use_device_kernels(
+            model,
+            rms_norm=device.rms_norm_kernel() if config.use_fused_rms_norm else None,
+            rotary=device.rotary_kernel() if config.use_fused_rope else None,
+        )
+
+    def _prepare_compile(self, model: nn.Module) -> None:
+        """Once per model: pin its loss function (no graph break) and, if asked, compile its blocks and loss."""
+        if getattr(model, "_gaudi_compile_prepared", False):
+            return
+        model._gaudi_compile_prepared = True
+        undo_attribute(model, "_gaudi_compile_prepared")
+        pin_loss_function(model)
+        if not self._compile.regional:
+            return
+        blocks = compile_regions(model, self._compile)
+        if blocks is not None:
+            logger.info("Regional compilation: the blocks of %s compiled once for all of them.", blocks)
+            return
+        logger.warning("--use_regional_compilation: no repeated blocks in the model; compiling it whole.")
+        model.compile(**self._compile.compile_kwargs())
+        undo_attribute(model, "_compiled_call_impl")
+
+    def _prepare_fused_loss(self, model: nn.Module) -> fused_loss.FusedLinearCrossEntropy | None:
+        """The fused loss's hooks on the model, once; their chunk step compiled with the model."""
+        fused = fused_loss.FusedLinearCrossEntropy.of(model, strict=self.args.use_fused_linear_cross_entropy)
+        if fused is not None and self._compile is not None and fused.compiled_chunk is None:
+            fused.compile_with(self._compile.compile_kwargs())
+        return fused
+
+    def _with_training_graphs(self, model: nn.Module) -> nn.Module:
+        """--use_hpu_graphs_for_training: the device's graph cache around the forward, once per model; before
+        fast_ddp (ModuleCacher refuses a forward(*args), and caches the model's own signature)."""
+        if not self.args.use_hpu_graphs_for_training or "training_graphs" in Seam.of(model, "forward"):
             return model
-        if not self.args.use_hpu_graphs_for_inference or (False, id(model)) in self._graph_wrapped:
+        wrap = functools.partial(self.gaudi_device.wrap_for_training, model, self.args.max_hpu_graphs)
+        return Seam.of(model, "forward").adopt("training_graphs", wrap)  # the bridge writes the forward itself
+
+    def _with_inference_graphs(self, model: nn.Module) -> nn.Module:
+        """--use_hpu_graphs_for_inference: the device's inference graphs around the forward, once per model, not
+        while it trains."""
+        if not self.args.use_hpu_graphs_for_inference or "inference_graphs" in Seam.of(model, "forward"):
             return model
         if self.is_in_train:
             # A graph wrapper replays in every mode, so wrapping the model being trained would make the next
@@ -338,46 +389,21 @@ class GaudiTrainerMixin(TrainerShims):
                     "training forwards); evaluate() and predict() after training use them."
                 )
             return model
-        self._graph_wrapped.add((False, id(model)))
-        self._inference_wrapped = (model, model.__dict__.get("forward"))
-        return self.gaudi_device.wrap_for_inference(
-            model, self.args.disable_tensor_cache_hpu_graphs, max_graphs=self.args.max_hpu_graphs
+        wrap = functools.partial(
+            self.gaudi_device.wrap_for_inference,
+            model,
+            self.args.disable_tensor_cache_hpu_graphs,
+            max_graphs=self.args.max_hpu_graphs,
         )
+        return Seam.of(model, "forward").adopt("inference_graphs", wrap)
 
     def _unwrap_inference_graph(self, model: nn.Module) -> None:
-        """Training again after evaluate(): give the model back the forward it had before its inference graph.
-        ``model`` may be the wrapper of an earlier train() (DDP), with the graphed model inside."""
-        if self._inference_wrapped is None:
-            return
-        graphed, forward = self._inference_wrapped
-        if graphed is not model and graphed is not self.accelerator.unwrap_model(model, keep_torch_compile=False):
-            return
-        if forward is None:
-            graphed.__dict__.pop("forward", None)
-        else:
-            graphed.forward = forward
-        self._inference_wrapped = None
-        self._graph_wrapped.discard((False, id(graphed)))
-
-    def _use_llm_kernels(self, model: nn.Module) -> None:
-        """The attention implementation and the fused RMSNorm / rotary kernels the arguments and config ask for,
-        set on the model before anything compiles or wraps it (each step is idempotent)."""
-        args, device = self.args, self.gaudi_device
-        if args.attn_implementation is not None:
-            if args.attn_implementation == attention.ATTENTION_NAME:
-                options = attention.FusedAttentionOptions.from_args(args)
-                attention.bind(model, device.attention_kernel(options), options)  # this model's, not the process's
-            base = getattr(model, "get_base_model", lambda: model)()  # a PEFT model's transformers model
-            if getattr(base.config, "_attn_implementation", None) != args.attn_implementation:
-                base.set_attn_implementation(args.attn_implementation)
-        if self._sequence_parallel is not None:
-            self._sequence_parallel.use(model)
-        kernels.use_device_kernels(
-            model,
-            rms_norm=device.rms_norm_kernel() if self.gaudi_config.use_fused_rms_norm else None,
-            rotary=device.rotary_kernel() if self.gaudi_config.use_fused_rope else None,
-        )
-        self._precision.convert(model)  # --fp8: the device's fp8 layers and attention, a resumed scaling state
+        """Training again after evaluate(): the inference graph taken off the forward. ``model`` may be the
+        wrapper of an earlier train() (DDP), with the graphed model inside."""
+        for candidate in (model, self.accelerator.unwrap_model(model, keep_torch_compile=False)):
+            seam = Seam.find(candidate, "forward")
+            if seam is not None:
+                seam.remove("inference_graphs")
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         """The weights as transformers loads them; the fp8 scaling state once the model's fp8 modules exist (they
@@ -385,21 +411,6 @@ class GaudiTrainerMixin(TrainerShims):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         unwrapped = self.accelerator.unwrap_model(model if model is not None else self.model)
         self._precision.resume_scaling_from(resume_from_checkpoint, unwrapped)
-
-    def _prepare_compile(self, model: nn.Module) -> None:
-        """Once per model: pin its loss function (no graph break) and, if asked, compile its blocks and loss."""
-        if getattr(model, "_gaudi_compile_prepared", False):
-            return
-        model._gaudi_compile_prepared = True
-        pin_loss_function(model)
-        if not self._compile.regional:
-            return
-        blocks = compile_regions(model, self._compile)
-        if blocks is not None:
-            logger.info("Regional compilation: the blocks of %s compiled once for all of them.", blocks)
-            return
-        logger.warning("--use_regional_compilation: no repeated blocks in the model; compiling it whole.")
-        model.compile(**self._compile.compile_kwargs())
 
     def _use_fast_ddp(self) -> bool:
         return self._layout.fast_ddp
@@ -488,10 +499,7 @@ class GaudiTrainerMixin(TrainerShims):
         (features/linear_cross_entropy.py); evaluation computes the model's own logits and loss."""
         if not (self._fused_loss and model.training and "labels" in inputs):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        inner = self.accelerator.unwrap_model(model, keep_torch_compile=False)
-        fused = fused_loss.FusedLinearCrossEntropy.of(inner, strict=self.args.use_fused_linear_cross_entropy)
-        if fused is not None and self._compile is not None and fused.compiled_chunk is None:
-            fused.compile_with(self._compile.compile_kwargs())  # with the model: its chunk step compiled
+        fused = self._prepare_fused_loss(self.accelerator.unwrap_model(model, keep_torch_compile=False))
         with fused.step() if fused is not None else contextlib.nullcontext():
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 

@@ -1,0 +1,205 @@
+"""Model preparation: the stages a trainer runs on a model, in one written order, and the one writer of the
+two seams they change.
+
+A trainer prepares its model in ``_wrap_model`` (trainers/trainer.py), each stage in the order of
+:data:`STAGES`. Several stages change what the model's ``forward`` or ``loss_function`` is (the model's own or
+one of its modules'). Those writes all go through :class:`Seam`: it lays each stage's contribution over what
+is already there, checks that it lands in the order of :data:`LAYERS` (inner first), and takes any outermost
+contribution back, or all of them at once. So no stage depends on knowing which stage wrapped the seam before it
+(the fused loss reads the model's own loss function from the seam, not through compilation's wrapper), and
+:func:`undo` gives the model back as it came.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from torch import nn
+
+T = TypeVar("T")
+
+# The trainer's stages, in the order it runs them; what each changes. (A test checks the trainer keeps it.)
+STAGES: tuple[tuple[str, str], ...] = (
+    ("attention", "the attention implementation asked for; gaudi_fused_sdpa's kernel bound to the model's layers"),
+    ("sequence_parallel", "the model's attention split over the sequence-parallel group (ours, per trainer)"),
+    ("kernels", "the fused RMSNorm and rotary kernels: the forward of each module that has Llama's"),
+    ("precision", "fp8 layers and attention, a resumed scaling state (precision/plan.py)"),
+    ("compile", "the loss function pinned; with --use_regional_compilation, the repeated blocks and loss compiled"),
+    ("fused_loss", "training: the output layer's hook and the loss function that skips the logits"),
+    ("accelerate", "transformers' own wrap (DDP, FSDP2, DeepSpeed) and the device's DDP defaults"),
+    ("graphs", "HPU or CUDA graphs: the forward of the model, for training or inference"),
+    ("fast_ddp", "training: one fused gradient all-reduce instead of DDP's"),
+)
+
+# What each seam's contributions are, inner first: a contribution goes over those before it in this order and
+# never under one after it. static_batches is the only one that comes and goes (each short batch).
+LAYERS: dict[str, tuple[str, ...]] = {
+    "forward": ("fused_rms_norm", "fused_rotary", "training_graphs", "inference_graphs", "static_batches"),
+    "loss_function": ("pinned", "compiled", "fused_loss", "static_batches"),
+}
+
+# Where an instance keeps each seam's value: transformers' loss_function property stores what it is given in
+# ``_loss_function`` (modeling_utils.PreTrainedModel.loss_function's setter).
+_STORED = {"forward": "forward", "loss_function": "_loss_function"}
+_SEAMS = "_gaudi_seams"
+_UNDO = "_gaudi_undo"
+
+
+class _Absent:
+    """No instance value (the class's is used): one object, which copies of a model keep."""
+
+    def __copy__(self) -> _Absent:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> _Absent:
+        return self
+
+    def __reduce__(self) -> str:
+        return "_MISSING"
+
+
+_MISSING = _Absent()
+
+
+class OrderError(RuntimeError):
+    """A stage's contribution would land out of :data:`LAYERS`' order: a bug in the preparation, not the user's."""
+
+
+@dataclass
+class _Layer:
+    stage: str
+    previous: Any  # the instance's own value before it (``_MISSING``: none, the class's)
+
+
+class Seam:
+    """The one writer of one object's ``forward`` or ``loss_function``: the stages' contributions, laid over
+    the object's own value in :data:`LAYERS`' order."""
+
+    def __init__(self, owner: Any, name: str) -> None:
+        self.owner, self.name = owner, name
+        self.order = LAYERS[name]
+        self._key = _STORED[name]
+        self._layers: list[_Layer] = []
+        self._original: Any = None
+
+    @classmethod
+    def of(cls, owner: Any, name: str) -> Seam:
+        """``owner``'s seam for ``name``, made on first use (kept in the instance, outside its state_dict)."""
+        seams = vars(owner).setdefault(_SEAMS, {})
+        if name not in seams:
+            seams[name] = cls(owner, name)
+        return seams[name]
+
+    @staticmethod
+    def find(owner: Any, name: str) -> Seam | None:
+        return vars(owner).get(_SEAMS, {}).get(name)
+
+    def __contains__(self, stage: str) -> bool:
+        return any(layer.stage == stage for layer in self._layers)
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The contributions present, inner first."""
+        return tuple(layer.stage for layer in self._layers)
+
+    @property
+    def original(self) -> Any:
+        """The value under every contribution: the model's own forward or loss function."""
+        return self._original if self._layers else getattr(self.owner, self.name)
+
+    def put(self, stage: str, wrap: Callable[[Any], Any]) -> Any:
+        """Lay ``wrap(current value)`` over the seam as ``stage``'s contribution; returns it."""
+        self._check_outer(stage)
+        current, before = getattr(self.owner, self.name), vars(self.owner).get(self._key, _MISSING)
+        value = wrap(current)
+        self._push(stage, current, before)
+        setattr(self.owner, self.name, value)
+        return value
+
+    def adopt(self, stage: str, write: Callable[[], T]) -> T:
+        """Run ``write()``, which changes the seam in place itself (the Habana bridge's graph wrappers do), and
+        keep what it wrote as ``stage``'s contribution; returns what ``write`` returns. Nothing is recorded when
+        it writes nothing (a device without graphs)."""
+        self._check_outer(stage)
+        current, before = getattr(self.owner, self.name), vars(self.owner).get(self._key, _MISSING)
+        result = write()
+        if vars(self.owner).get(self._key, _MISSING) is not before:
+            self._push(stage, current, before)
+        return result
+
+    def remove(self, stage: str) -> bool:
+        """Take ``stage``'s contribution back (it must be the outermost); False when it is not there."""
+        if stage not in self:
+            return False
+        if self._layers[-1].stage != stage:
+            raise OrderError(f"{self._where()}: {stage} is under {self._layers[-1].stage}; take that off first.")
+        self._restore(self._layers.pop().previous)
+        return True
+
+    def undo(self) -> None:
+        """Every contribution taken back: the seam as it was before the first."""
+        if self._layers:
+            self._restore(self._layers[0].previous)
+            self._layers.clear()
+
+    def _push(self, stage: str, current: Any, previous: Any) -> None:
+        if not self._layers:
+            self._original = current
+        self._layers.append(_Layer(stage, previous))
+
+    def _check_outer(self, stage: str) -> None:
+        rank = self.order.index(stage)
+        for layer in self._layers:
+            if self.order.index(layer.stage) >= rank:
+                raise OrderError(
+                    f"{self._where()}: {stage} cannot go over {layer.stage} (order, inner first: "
+                    f"{', '.join(self.order)})."
+                )
+
+    def _restore(self, previous: Any) -> None:
+        if previous is _MISSING:
+            vars(self.owner).pop(self._key, None)
+        else:
+            vars(self.owner)[self._key] = previous
+
+    def _where(self) -> str:
+        return f"{type(self.owner).__name__}.{self.name}"
+
+
+def on_undo(owner: Any, callback: Callable[[Any], None]) -> None:
+    """Something a stage did to ``owner`` besides its seams, taken back by :func:`undo` as ``callback(owner)``.
+    The callback reaches what it takes back from the owner it is given (no closure over the model), so a copy of
+    a prepared model (``copy.deepcopy``) takes back its own."""
+    vars(owner).setdefault(_UNDO, []).append(callback)
+
+
+def undo_hook(owner: nn.Module, handle: Any) -> None:
+    """A hook a stage registered on ``owner``, removed by :func:`undo` (a copied handle is the copy's)."""
+    on_undo(owner, functools.partial(_remove_hook, handle))
+
+
+def undo_attribute(owner: Any, name: str) -> None:
+    """An attribute a stage set on ``owner`` (a marker, a compiled call), removed by :func:`undo`."""
+    on_undo(owner, functools.partial(_pop_attribute, name))
+
+
+def undo(model: nn.Module) -> None:
+    """The model as it was before its preparation, in one call: every seam of it and its modules, and the hooks,
+    markers and compiled blocks the stages left. Not undone: fp8's converted layers (other modules, holding the
+    same weights) and the attention implementation (a config value, saved with the model)."""
+    for module in reversed(list(model.modules())):
+        for callback in reversed(vars(module).pop(_UNDO, [])):
+            callback(module)
+        for seam in vars(module).pop(_SEAMS, {}).values():
+            seam.undo()
+
+
+def _remove_hook(handle: Any, owner: Any) -> None:
+    handle.remove()
+
+
+def _pop_attribute(name: str, owner: Any) -> None:
+    vars(owner).pop(name, None)
