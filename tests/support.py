@@ -6,6 +6,7 @@ only once pytest has collected it."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import sys
@@ -61,3 +62,17 @@ def checkpointing_trainer(out: Path, callbacks=(), eval_dataset=None, **flags):
     return GaudiTrainer(
         model=tiny.gpt2(), args=args, train_dataset=tiny.lm_data(), eval_dataset=eval_dataset, callbacks=list(callbacks)
     )
+
+
+def load_example(path: Path, prefix: str = "example"):
+    """An example script imported as a module (once per process), its folder and language-modeling/ (whose
+    helpers every example imports) on sys.path, as when it runs."""
+    for folder in (path.parent, EXAMPLES / "language-modeling"):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+    name = f"{prefix}_{path.stem}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]

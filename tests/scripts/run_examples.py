@@ -4,28 +4,14 @@ session: `run_examples.py OUT.json RUNS.json`, RUNS.json mapping a run's name to
 OUT.json.RANK (read from the run's trainer_state.json, which rank 0 writes, and the process's own log).
 """
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import torch
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def load(script: str):
-    """The example as a module, its folder on sys.path as when it runs (each example imports its neighbours)."""
-    path = next(EXAMPLES.rglob(script))
-    for folder in (path.parent, EXAMPLES / "language-modeling"):
-        if str(folder) not in sys.path:
-            sys.path.insert(0, str(folder))
-    name = f"example_{path.stem}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for support.py
+from support import EXAMPLES, load_example  # noqa: E402
 
 
 def output_dir(argv: list[str]) -> Path:
@@ -37,7 +23,7 @@ def main() -> None:
     torch.set_num_threads(1)
     results = {}
     for name, run in runs.items():
-        load(run["script"]).main(run["argv"])
+        load_example(next(EXAMPLES.rglob(run["script"]))).main(run["argv"])
         state = json.loads((output_dir(run["argv"]) / "trainer_state.json").read_text())
         history = state["log_history"]
         results[name] = {

@@ -31,7 +31,7 @@ import census
 import pytest
 import torch
 from conftest import FAKES, use_torchao
-from support import TESTS
+from support import TESTS, load_example
 
 from optimum_gaudi.errors import UserError
 
@@ -168,23 +168,13 @@ def test_gaudi_spawns_second_reading_is_applied_and_our_launcher_warns_about_quo
 # ---- every argument parses, with optimum-habana's meaning ------------------------------------------------------
 
 
-def load_example(script: str):
+def example(script: str):
     """Import an example as a module, its folder on sys.path as when it runs."""
-    path = SCRIPTS[script]
-    for folder in (path.parent, EXAMPLES / "language-modeling"):
-        if str(folder) not in sys.path:
-            sys.path.insert(0, str(folder))
-    name = f"oh_example_{path.stem}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_example(SCRIPTS[script], prefix="oh_example")
 
 
 def parse_with_example(script: str, argv: list[str]) -> tuple:
-    module = load_example(script)
+    module = example(script)
     if script in TRL_SCRIPTS:
         import common
 
@@ -500,7 +490,7 @@ def shrunk(command: Command, tmp_path: Path, models: dict[str, Path]) -> list[st
 
 
 def run_in_process(command: Command, argv: list[str]) -> dict | None:
-    return load_example(command.script).main(argv)
+    return example(command.script).main(argv)
 
 
 def run_launched(command: Command, argv: list[str], processes: int) -> None:
@@ -666,7 +656,7 @@ TRL_TINY = ["--max_steps", "1", "--per_device_train_batch_size", "2", "--report_
 )
 def test_trl_examples_read_a_named_dataset_as_optimum_habanas_scripts(script, own, tmp_path, tiny_models):
     dataset = _stack_exchange(tmp_path)
-    module = load_example(script)
+    module = example(script)
     argv = ["--model_name_or_path", str(tiny_models["llama"]), "--dataset_name", str(dataset), "--subset"]
     argv += ["data/finetune", "--output_dir", str(tmp_path / "out"), *TRL_TINY, *own]
     module.main(argv)
@@ -686,7 +676,7 @@ def test_a_named_dataset_without_the_columns_is_one_line(tmp_path, tiny_models, 
     (folder / "rows.jsonl").write_text('{"body": "a"}\n{"body": "b"}\n')
     argv = ["--model_name_or_path", str(tiny_models["llama"]), "--dataset_name", str(folder)]
     argv += ["--output_dir", str(tmp_path / "out"), *TRL_TINY]
-    assert call_main(load_example("dpo.py").main, argv) == 2
+    assert call_main(example("dpo.py").main, argv) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"error: --dataset_name {folder}: DPO needs the columns prompt/chosen/rejected or "
         "question/response_j/response_k; it has body."
@@ -696,7 +686,7 @@ def test_a_named_dataset_without_the_columns_is_one_line(tmp_path, tiny_models, 
 def test_ignore_pad_token_for_loss_false_makes_the_padding_a_target(tiny_models):
     from transformers import AutoTokenizer
 
-    module = load_example("run_summarization.py")
+    module = example("run_summarization.py")
     tokenizer = AutoTokenizer.from_pretrained(tiny_models["t5"])
     kept, ignored = (module.DataTrainingArguments(ignore_pad_token_for_loss=flag) for flag in (False, True))
     assert module.label_padding(tokenizer, kept) == tokenizer.pad_token_id
