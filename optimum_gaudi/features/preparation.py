@@ -72,11 +72,15 @@ class OrderError(RuntimeError):
 class _Layer:
     stage: str
     previous: Any  # the instance's own value before it (``_MISSING``: none, the class's)
+    value: Any  # what it wrote
+    wrap: Callable[[Any], Any] | None  # how it was laid, to lay it again; None: adopted (another writer's)
 
 
 class Seam:
     """The one writer of one object's ``forward`` or ``loss_function``: the stages' contributions, laid over
-    the object's own value in :data:`LAYERS`' order."""
+    the object's own value in :data:`LAYERS`' order. A contribution that belongs under ones already there is laid
+    under them (they are taken off and laid again over it); only what another library wrote in place (adopted)
+    cannot be laid again, and stops that with an :class:`OrderError`."""
 
     def __init__(self, owner: Any, name: str) -> None:
         self.owner, self.name = owner, name
@@ -98,36 +102,40 @@ class Seam:
         return vars(owner).get(_SEAMS, {}).get(name)
 
     def __contains__(self, stage: str) -> bool:
-        return any(layer.stage == stage for layer in self._layers)
+        return stage in self.stages
 
     @property
     def stages(self) -> tuple[str, ...]:
         """The contributions present, inner first."""
+        self._sync()
         return tuple(layer.stage for layer in self._layers)
 
     @property
     def original(self) -> Any:
         """The value under every contribution: the model's own forward or loss function."""
+        self._sync()
         return self._original if self._layers else getattr(self.owner, self.name)
 
     def put(self, stage: str, wrap: Callable[[Any], Any]) -> Any:
-        """Lay ``wrap(current value)`` over the seam as ``stage``'s contribution; returns it."""
-        self._check_outer(stage)
-        current, before = getattr(self.owner, self.name), vars(self.owner).get(self._key, _MISSING)
-        value = wrap(current)
-        self._push(stage, current, before)
-        setattr(self.owner, self.name, value)
+        """Lay ``wrap(value under it)`` on the seam as ``stage``'s contribution, in its place in the order;
+        returns what ``wrap`` made."""
+        peeled = self._peel(stage)
+        value = self._lay(stage, wrap)
+        for layer in reversed(peeled):
+            self._lay(layer.stage, layer.wrap)
         return value
 
     def adopt(self, stage: str, write: Callable[[], T]) -> T:
         """Run ``write()``, which changes the seam in place itself (the Habana bridge's graph wrappers do), and
         keep what it wrote as ``stage``'s contribution; returns what ``write`` returns. Nothing is recorded when
-        it writes nothing (a device without graphs)."""
-        self._check_outer(stage)
+        it writes nothing (a device without graphs). It must go over every contribution there."""
+        if self._peel(stage, dry_run=True):
+            raise OrderError(f"{self._where()}: {stage} writes in place and cannot go under {self.stages[-1]}.")
         current, before = getattr(self.owner, self.name), vars(self.owner).get(self._key, _MISSING)
         result = write()
-        if vars(self.owner).get(self._key, _MISSING) is not before:
-            self._push(stage, current, before)
+        after = vars(self.owner).get(self._key, _MISSING)
+        if after is not before:
+            self._push(_Layer(stage, before, after, None), current)
         return result
 
     def remove(self, stage: str) -> bool:
@@ -141,23 +149,48 @@ class Seam:
 
     def undo(self) -> None:
         """Every contribution taken back: the seam as it was before the first."""
+        self._sync()
         if self._layers:
             self._restore(self._layers[0].previous)
             self._layers.clear()
 
-    def _push(self, stage: str, current: Any, previous: Any) -> None:
+    def _lay(self, stage: str, wrap: Callable[[Any], Any]) -> Any:
+        current, before = getattr(self.owner, self.name), vars(self.owner).get(self._key, _MISSING)
+        value = wrap(current)
+        self._push(_Layer(stage, before, value, wrap), current)
+        setattr(self.owner, self.name, value)
+        return value
+
+    def _push(self, layer: _Layer, current: Any) -> None:
         if not self._layers:
             self._original = current
-        self._layers.append(_Layer(stage, previous))
+        self._layers.append(layer)
 
-    def _check_outer(self, stage: str) -> None:
+    def _peel(self, stage: str, dry_run: bool = False) -> list[_Layer]:
+        """Take off the contributions that go over ``stage`` (outermost first) and return them."""
+        self._sync()
         rank = self.order.index(stage)
-        for layer in self._layers:
-            if self.order.index(layer.stage) >= rank:
-                raise OrderError(
-                    f"{self._where()}: {stage} cannot go over {layer.stage} (order, inner first: "
-                    f"{', '.join(self.order)})."
-                )
+        if stage in self.stages:
+            raise OrderError(f"{self._where()}: {stage} is there already.")
+        over = [layer for layer in self._layers if self.order.index(layer.stage) > rank]
+        if dry_run or not over:
+            return over
+        adopted = [layer.stage for layer in over if layer.wrap is None]
+        if adopted or vars(self.owner).get(self._key, _MISSING) is not self._layers[-1].value:
+            above = adopted[0] if adopted else "what another library wrote over the seam"
+            raise OrderError(f"{self._where()}: {stage} cannot go under {above} (order, inner first: "
+                             f"{', '.join(self.order)}).")  # fmt: skip
+        for layer in reversed(over):
+            self.remove(layer.stage)
+        return list(reversed(over))
+
+    def _sync(self) -> None:
+        """A loss function assigned over the seam (``model.loss_function = ...``) is the model's own from then on,
+        as transformers' property makes it: the contributions under it are forgotten. (A forward written over the
+        seam wraps what it found, as accelerate's mixed-precision forward does: they are kept.)"""
+        if self.name == "loss_function" and self._layers:
+            if vars(self.owner).get(self._key, _MISSING) is not self._layers[-1].value:
+                self._layers.clear()
 
     def _restore(self, previous: Any) -> None:
         if previous is _MISSING:
@@ -187,9 +220,12 @@ def undo_attribute(owner: Any, name: str) -> None:
 
 
 def undo(model: nn.Module) -> None:
-    """The model as it was before its preparation, in one call: every seam of it and its modules, and the hooks,
-    markers and compiled blocks the stages left. Not undone: fp8's converted layers (other modules, holding the
-    same weights) and the attention implementation (a config value, saved with the model)."""
+    """What the preparation's stages laid on the model, taken back in one call: every seam of it and its modules
+    (fused kernels, compiled and fused losses, graphs), and the hooks, markers and compiled blocks they left. Not
+    undone: fp8's converted layers (other modules, holding the same weights), the attention implementation (a
+    config value, saved with the model) and gaudi_fused_sdpa's binding, and what accelerate's own wrap did (its
+    mixed-precision forward with --bf16, which ``accelerator.unwrap_model(model, keep_fp32_wrapper=False)`` takes
+    off; DDP, FSDP2's shards)."""
     for module in reversed(list(model.modules())):
         for callback in reversed(vars(module).pop(_UNDO, [])):
             callback(module)

@@ -13,6 +13,7 @@ from support import REPO
 from tiny import llama
 from transformers.loss.loss_utils import ForCausalLMLoss
 
+from optimum_gaudi.errors import UserError
 from optimum_gaudi.features import kernels
 from optimum_gaudi.features import linear_cross_entropy as fused_loss
 from optimum_gaudi.features.compilation import CompileOptions, compile_regions, pin_loss_function
@@ -55,12 +56,40 @@ def test_the_fused_loss_sees_the_models_own_loss_under_compilations_wrapper():
     assert seam.stages == ("pinned", "compiled", "fused_loss")
 
 
-def test_a_contribution_cannot_go_under_one_already_there():
-    """Compiling the loss after the fused loss took it would compile the fused loss's wrapper: refused."""
+def test_a_contribution_goes_under_the_ones_that_belong_over_it():
+    """The fused loss laid first (an earlier trainer's), compilation second: the loss compiled is the model's own,
+    and the fused loss is laid again over it."""
     model = llama()
     fused_loss.FusedLinearCrossEntropy.of(model)
-    with pytest.raises(OrderError, match="compiled cannot go over fused_loss"):
-        compile_regions(model, EAGER)
+    compile_regions(model, EAGER)
+    seam = Seam.find(model, "loss_function")
+    assert seam.stages == ("compiled", "fused_loss")
+    assert model.loss_function.args[0]._torchdynamo_orig_callable is ForCausalLMLoss  # partial(_loss, compiled own)
+
+
+def test_nothing_goes_under_what_another_library_wrote_in_place():
+    model = llama()
+    seam = Seam.of(model, "forward")
+    own = model.forward
+    seam.adopt("inference_graphs", lambda: setattr(model, "forward", lambda *a, **k: own(*a, **k)))
+    with pytest.raises(OrderError, match="fused_rotary writes in place|cannot go under inference_graphs"):
+        seam.put("fused_rotary", lambda inner: inner)
+    assert seam.stages == ("inference_graphs",)
+
+
+def test_a_loss_function_assigned_over_the_seam_is_the_models_own():
+    """The user's own loss function, set after a pin: the fused loss sees it, and refuses as before the seam."""
+    model = llama()
+    pin_loss_function(model)
+
+    def my_loss(*args, **kwargs):
+        return ForCausalLMLoss(*args, **kwargs) * 10
+
+    model.loss_function = my_loss
+    seam = Seam.find(model, "loss_function")
+    assert seam.original is my_loss and seam.stages == ()
+    with pytest.raises(UserError, match="computes its loss otherwise"):
+        fused_loss.FusedLinearCrossEntropy.of(model)
 
 
 def test_only_the_outermost_contribution_comes_off_and_leaves_what_was_under_it():

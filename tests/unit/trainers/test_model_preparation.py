@@ -83,3 +83,24 @@ def test_a_trained_model_undone_computes_what_its_weights_compute(tmp_path, fuse
     assert torch.equal(ours.logits, theirs.logits) and torch.equal(ours.loss, theirs.loss)
     left = [(type(m).__name__, k) for m in model.modules() for k in vars(m) if k.startswith("_gaudi") or k == "forward"]
     assert not left and "_loss_function" not in vars(model)
+
+
+def test_a_second_trainer_compiles_a_model_an_earlier_one_gave_the_fused_loss(tmp_path):
+    """Trainer A: the fused loss; trainer B, on the same model: regional compilation. B compiles the model's own
+    loss under A's fused loss (a stage laid under one already there) and trains."""
+    model = llama()
+    first = trainer(tmp_path / "a", max_steps=1, per_device_train_batch_size=4, use_fused_linear_cross_entropy=True)
+    first.model = first.model_wrapped = model
+    first.train()
+    second = trainer(
+        tmp_path / "b",
+        max_steps=1,
+        per_device_train_batch_size=4,
+        torch_compile=True,
+        torch_compile_backend="eager",
+        use_regional_compilation=True,
+    )
+    second.model = second.model_wrapped = model
+    second.train()
+    assert Seam.find(model, "loss_function").stages == ("compiled", "fused_loss")
+    assert torch.isfinite(torch.tensor(second.state.log_history[-1]["train_loss"]))
