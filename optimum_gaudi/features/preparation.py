@@ -121,7 +121,7 @@ class Seam:
         returns what ``wrap`` made."""
         peeled = self._peel(stage)
         value = self._lay(stage, wrap)
-        for layer in reversed(peeled):
+        for layer in peeled:
             self._lay(layer.stage, layer.wrap)
         return value
 
@@ -129,7 +129,7 @@ class Seam:
         """Run ``write()``, which changes the seam in place itself (the Habana bridge's graph wrappers do), and
         keep what it wrote as ``stage``'s contribution; returns what ``write`` returns. Nothing is recorded when
         it writes nothing (a device without graphs). It must go over every contribution there."""
-        if self._peel(stage, dry_run=True):
+        if self._over(stage):
             raise OrderError(f"{self._where()}: {stage} writes in place and cannot go under {self.stages[-1]}.")
         current, before = getattr(self.owner, self.name), vars(self.owner).get(self._key, _MISSING)
         result = write()
@@ -166,23 +166,27 @@ class Seam:
             self._original = current
         self._layers.append(layer)
 
-    def _peel(self, stage: str, dry_run: bool = False) -> list[_Layer]:
-        """Take off the contributions that go over ``stage`` (outermost first) and return them."""
-        self._sync()
-        rank = self.order.index(stage)
-        if stage in self.stages:
+    def _over(self, stage: str) -> list[_Layer]:
+        """The contributions that go over ``stage``, inner first (``stage`` itself must not be there yet)."""
+        if stage in self:
             raise OrderError(f"{self._where()}: {stage} is there already.")
-        over = [layer for layer in self._layers if self.order.index(layer.stage) > rank]
-        if dry_run or not over:
+        rank = self.order.index(stage)
+        return [layer for layer in self._layers if self.order.index(layer.stage) > rank]
+
+    def _peel(self, stage: str) -> list[_Layer]:
+        """Take off the contributions that go over ``stage`` and return them, inner first. Only those the seam
+        laid itself, with nothing written over them since, can be laid again."""
+        over = self._over(stage)
+        if not over:
             return over
         adopted = [layer.stage for layer in over if layer.wrap is None]
         if adopted or vars(self.owner).get(self._key, _MISSING) is not self._layers[-1].value:
             above = adopted[0] if adopted else "what another library wrote over the seam"
             raise OrderError(f"{self._where()}: {stage} cannot go under {above} (order, inner first: "
                              f"{', '.join(self.order)}).")  # fmt: skip
-        for layer in reversed(over):
-            self.remove(layer.stage)
-        return list(reversed(over))
+        self._restore(over[0].previous)
+        del self._layers[-len(over) :]
+        return over
 
     def _sync(self) -> None:
         """A loss function assigned over the seam (``model.loss_function = ...``) is the model's own from then on,

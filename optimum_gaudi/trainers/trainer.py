@@ -369,10 +369,13 @@ class GaudiTrainerMixin(TrainerShims):
     def _with_training_graphs(self, model: nn.Module) -> nn.Module:
         """--use_hpu_graphs_for_training: the device's graph cache around the forward, once per model; before
         fast_ddp (ModuleCacher refuses a forward(*args), and caches the model's own signature)."""
-        if not self.args.use_hpu_graphs_for_training or "training_graphs" in Seam.of(model, "forward"):
+        if not self.args.use_hpu_graphs_for_training:
+            return model
+        seam = Seam.of(model, "forward")
+        if "training_graphs" in seam:
             return model
         wrap = functools.partial(self.gaudi_device.wrap_for_training, model, self.args.max_hpu_graphs)
-        return Seam.of(model, "forward").adopt("training_graphs", wrap)  # the bridge writes the forward itself
+        return seam.adopt("training_graphs", wrap)  # the bridge writes the forward itself
 
     def _with_inference_graphs(self, model: nn.Module) -> nn.Module:
         """--use_hpu_graphs_for_inference: the device's inference graphs around the forward, once per model, not
