@@ -37,8 +37,9 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ AUTO_FLOOR_SECONDS = 60.0  # the default limit never goes below this
 AUTO_STEP_FACTOR = 10.0  # ... nor below this many times the slowest step seen
 AUTO_PAUSE_FACTOR = 2.0  # ... nor below twice the slowest save or evaluation seen
 FINISHED = "the end of training"  # a rank's last heartbeat
+CONTINUED_REPORT_SECONDS = 10.0  # a stopped rank, continued, writes its stacks within this
 STORE_CALL_SECONDS = 10.0  # a store call taking longer: the process holding the store stopped answering
 
 
@@ -343,53 +345,76 @@ class Watchdog:
                 if path:
                     with contextlib.suppress(OSError):
                         Path(path).write_text(line, encoding="utf-8")
-            self._continue_stopped_ranks(verdict, folder, beats)
-            self._wait_for_the_others()
+            self._wait_for_the_others(
+                partial(self._continue_stopped_ranks, verdict, folder, beats) if decided else None
+            )
         finally:  # whatever failed above, the process ends: its training loop is held
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
                 sys.stderr.flush()
             os._exit(STALL_EXIT_CODE)
 
-    def _wait_for_the_others(self) -> None:
-        """Say this rank's report is written, and wait (a few ticks at most) for every rank still running to have
-        written its own: the process holding the store (rank 0) leaving first would leave the others without the
-        verdict, and a rank in an endless loop without its stacks."""
-        deadline = time.monotonic() + 3 * self._tick_seconds() + 5
+    def _wait_for_the_others(self, continue_stopped: Callable[[], list[int]] | None) -> None:
+        """Say this rank's report is written, and wait (a few ticks at most) for every other rank's: the process
+        holding the store (rank 0, where torchrun's agent does not) leaving first would leave the others without
+        the verdict, and a rank in an endless loop without its stacks. Running ranks come first: the deciding rank
+        continues a stopped one (``continue_stopped`` returns the ranks it continued) only once they wrote theirs,
+        as it joins the collective they wait in and moves them on. Every rank then waits for the continued ranks'
+        reports (it may hold the store they read)."""
+        ticks = 3 * self._tick_seconds()
         now = time.monotonic()
-        others = [r for r in range(self.world_size) if r != self.rank and not self._frozen(r, now)]
-        waiting = [r for r in others if self._last_paused.get(r) != FINISHED]
-        try:
+        others = [r for r in range(self.world_size) if r != self.rank and self._last_paused.get(r) != FINISHED]
+        with contextlib.suppress(StoreGone):
             self._store("set", self._key(f"done/{self.rank}"), "1")
-            while waiting and time.monotonic() < deadline:
-                waiting = [r for r in waiting if not self._store("check", [self._key(f"done/{r}")])]
-                time.sleep(0.1)
-        except StoreGone:
-            pass
+        self._wait_for([self._key(f"done/{r}") for r in others if not self._frozen(r, now)], ticks + 5)
+        continued = continue_stopped() if continue_stopped is not None else None
+        if continued is not None:
+            with contextlib.suppress(StoreGone):
+                self._store("set", self._key("continued"), json.dumps(continued))
+        elif self._wait_for([self._key("continued")], ticks + 5):
+            with contextlib.suppress(StoreGone, ValueError):
+                continued = json.loads(self._store("get", self._key("continued")))
+        others = [self._key(f"done/{r}") for r in continued or [] if r != self.rank]
+        self._wait_for(others, ticks + CONTINUED_REPORT_SECONDS)
 
-    def _continue_stopped_ranks(self, verdict: dict, folder: Path, beats: dict[int, Beat] | None) -> None:
+    def _wait_for(self, keys: list[str], seconds: float) -> bool:
+        """Whether every key was set in the store within ``seconds``."""
+        deadline = time.monotonic() + seconds
+        with contextlib.suppress(StoreGone):
+            while keys and time.monotonic() < deadline:
+                keys = [key for key in keys if not self._store("check", [key])]
+                if keys:
+                    time.sleep(0.1)
+            return not keys
+        return False
+
+    def _continue_stopped_ranks(self, verdict: dict, folder: Path, beats: dict[int, Beat] | None) -> list[int]:
         """A stalled rank on this host that is stopped (SIGSTOP) cannot write its stacks: continue it so that its
-        own watchdog does (it reads the verdict at its next tick), and say so where it could not."""
+        own watchdog does (it reads the verdict at its next tick), and say so where it could not. Returns the
+        ranks continued."""
         if beats is None:
             with contextlib.suppress(Exception):
                 beats = self._beats(time.monotonic())
+        continued = []
         for rank in verdict["ranks"]:
             beat = (beats or {}).get(rank)
             if rank == self.rank or beat is None or beat.host != self._host or _state(beat.pid) != "T":
                 continue
             with contextlib.suppress(OSError):
                 os.kill(beat.pid, signal.SIGCONT)
+            continued.append(rank)
             report = folder / f"rank{rank}.txt"
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + CONTINUED_REPORT_SECONDS
             while not report.exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
             if not report.exists():
                 with contextlib.suppress(OSError):
                     report.write_text(
                         f"rank {rank} (pid {beat.pid} on {beat.host}) was stopped (SIGSTOP or a debugger) and did "
-                        "not write its stacks within 10 s of being continued.\n",
+                        f"not write its stacks within {CONTINUED_REPORT_SECONDS:.0f} s of being continued.\n",
                         encoding="utf-8",
                     )
+        return continued
 
     def _report(self, verdict: dict) -> str:
         stalled = ", ".join(map(str, verdict["ranks"]))

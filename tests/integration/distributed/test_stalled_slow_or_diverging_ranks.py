@@ -81,6 +81,10 @@ def test_a_stopped_rank_an_endless_loop_and_a_collective_never_joined_are_report
             assert "waiting in: gloo:" in report[rank]  # the others wait for the last rank in a collective
     stopped, looping, blocked = reports
     assert f"stalled: rank(s) {last}: its process stopped running" in stopped[0]
+    # continued to write its stacks, the stopped rank joins the collective the others wait in: they wrote theirs
+    # before, so they show where they waited at the stall, not wherever training had since gone
+    for rank in range(last):
+        assert "last progress after step 5, " in stopped[rank], stopped[rank][:400]
     assert "in endless_loop" in looping[last] and "waiting in: no collective" in looping[last]
     assert "waiting in: gloo:all_reduce on group #" in blocked[last]  # the group the others never join
 

@@ -155,6 +155,7 @@ def test_once_a_verdict_is_known_the_training_loop_makes_no_more_progress(tmp_pa
     store = FakeStore()
     dog = watchdog.Watchdog(store, 0, 2, tmp_path, limit=1.0)
     store.set(dog._key("done/1"), "1")  # the other rank's report is written: no wait for it
+    store.set(dog._key("continued"), "[]")  # nor for the decider to continue a stopped rank
     dog.step_begin(1)
     dog.step_end(1)  # no verdict: the loop goes on
     verdict = {"folder": "hang-x", "ranks": [1], "why": "stopped", "seconds": 6, "where": "after step 5", "by": 1}
@@ -165,6 +166,53 @@ def test_once_a_verdict_is_known_the_training_loop_makes_no_more_progress(tmp_pa
         loop.start()
         loop.join(0.5)
         assert loop.is_alive()
+
+
+def test_a_stopped_rank_is_continued_only_once_every_running_rank_wrote_where_it_waits(tmp_path, monkeypatch):
+    """Continued to write its stacks, a stopped rank joins the collective the others wait in and they move on: a
+    rank that had not yet read the verdict then reported wherever training had gone since (CI saw a 4-rank job's
+    rank 2 report 'no collective'). The deciding rank continues it only once every running rank's report is
+    written; a running rank stays (a few ticks) until the continued one wrote its own, as it may hold the store."""
+    from optimum_gaudi.distributed import watchdog
+
+    monkeypatch.setattr(watchdog.os, "_exit", lambda code: None)
+    monkeypatch.setattr(watchdog, "_state", lambda pid: "T" if pid == 4242 else "R")
+    store, host = FakeStore(), watchdog.socket.gethostname()
+    dog = watchdog.Watchdog(store, 0, 3, tmp_path, limit=1.0)
+    now = watchdog.time.monotonic()
+    beats = {
+        1: watchdog.Beat(9, 10, 40, None, os.getpid(), host),  # running, waiting in collective 40
+        2: watchdog.Beat(8, 10, 39, None, 4242, host),  # stopped after step 5, before collective 40
+    }
+    dog._seen = {1: (9, now), 2: (8, now - 5)}
+    verdict = {"folder": "hang-x", "ranks": [2], "why": "stopped", "seconds": 6, "where": "after step 5", "by": 0}
+    continued_after = []
+
+    def kill(pid, sig):
+        assert (pid, sig) == (4242, watchdog.signal.SIGCONT)
+        continued_after.append(store.check([dog._key("done/1")]))
+        (tmp_path / "hang-x" / "rank2.txt").write_text("rank 2, continued\n")
+        store.set(dog._key("done/2"), "1")
+
+    monkeypatch.setattr(watchdog.os, "kill", kill)
+    rank1 = threading.Timer(0.5, lambda: store.set(dog._key("done/1"), "1"))  # reads the verdict a tick later
+    rank1.start()
+    dog._finish(verdict, decided=True, beats=beats)
+    rank1.join()
+    assert continued_after == [True]
+
+    checked = []  # rank 1, not deciding, waits for the report of rank 2, whom the decider continued
+
+    def recorded(op, *args):
+        if op == "check":
+            checked.extend(args[0])
+        return getattr(store, op)(*args)
+
+    other = watchdog.Watchdog(store, 1, 3, tmp_path, limit=1.0)
+    other._seen = {0: (5, now), 2: (8, now - 5)}
+    monkeypatch.setattr(other, "_store", recorded)
+    other._wait_for_the_others(None)
+    assert checked[-1] == other._key("done/2") and json.loads(store.get(other._key("continued"))) == [2]
 
 
 def test_a_rank_whose_training_ended_is_not_taken_for_a_stopped_one(tmp_path):
