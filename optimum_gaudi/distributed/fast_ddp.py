@@ -8,6 +8,8 @@ it, unpack. A bf16 buffer halves the bytes on the wire.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -79,3 +81,21 @@ class FastDDPModel(nn.Module):
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
+
+
+def unwrap_the_marker_too(accelerator: Any) -> None:
+    """``accelerator.unwrap_model`` takes :class:`FastDDPModel` off first, as accelerate takes off DDP, FSDP and
+    DeepSpeed's engines (it knows no others): transformers unwraps the trained model through it to tell a causal
+    LM for label smoothing and a model already wrapped at a second train(), the trainer to find the fused loss's
+    output layer. Only this accelerator's method changes."""
+    unwrap = accelerator.unwrap_model
+    if getattr(unwrap, "sees_fast_ddp", False):
+        return
+
+    def unwrap_model(model: nn.Module, *args, **kwargs) -> nn.Module:
+        while isinstance(model, FastDDPModel):
+            model = model.module
+        return unwrap(model, *args, **kwargs)
+
+    unwrap_model.sees_fast_ddp = True
+    accelerator.unwrap_model = unwrap_model

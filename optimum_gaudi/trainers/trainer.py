@@ -38,7 +38,7 @@ from ..checkpoints import (
 )
 from ..configuration.gaudi_config import GaudiConfig
 from ..distributed import full_weights
-from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters
+from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters, unwrap_the_marker_too
 from ..distributed.fsdp import (
     check_fp8_under_fsdp,
     check_fsdp_arguments,
@@ -274,6 +274,8 @@ class GaudiTrainerMixin(TrainerShims):
                 self.accelerator.state.fsdp_plugin, self._precision.fsdp_mixed_precision_policy()
             )
         self._sequence_parallel = self._layout.sequence_parallel()  # None unless the split is ours
+        if self._use_fast_ddp():
+            unwrap_the_marker_too(self.accelerator)
 
     def get_cp_size(self) -> int:
         """The ranks that share a training batch (transformers divides the data-parallel world and the token count

@@ -178,6 +178,11 @@ UNDOS = (
                                              "self._frozen(r, now)], ticks + 5)\n", ""),),
          (f"{STALLS}::test_a_stopped_rank_is_continued_only_once_every_running_rank_wrote_where_it_waits",),
          device=False),
+    # fast_ddp's marker seen through by the accelerator's unwrap_model (label smoothing shifted no labels)
+    Undo("fast-ddp-unwrap", "39", (("optimum_gaudi/trainers/trainer.py",
+                                    "            unwrap_the_marker_too(self.accelerator)\n", "            pass\n"),),
+         ("integration/distributed/test_fast_ddp.py::"
+          "test_fast_ddp_trains_a_llama_as_ddp_does_with_a_loss_that_reads_the_model_twice",), device=False),
 )  # fmt: skip
 
 

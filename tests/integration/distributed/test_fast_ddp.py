@@ -49,6 +49,23 @@ def test_fast_ddp_matches_ddp_and_a_single_process(tmp_path, accumulation):
     assert fast["losses"][-1] < fast["losses"][0]
 
 
+@pytest.mark.parametrize(
+    "feature",
+    [["--use_fused_linear_cross_entropy", "true"], ["--label_smoothing_factor", "0.1"]],
+    ids=["fused", "smooth"],
+)
+def test_fast_ddp_trains_a_llama_as_ddp_does_with_a_loss_that_reads_the_model_twice(tmp_path, feature):
+    """fast_ddp's marker around the model is seen through wherever the trainer or transformers unwraps the model:
+    the fused loss found "FastDDPModel's output layer" missing, label smoothing took the causal LM for another
+    model (no shift), and a second train() prepared the marker instead of the model."""
+    flags = ["--tiny_model", "llama", "--train_twice", "--per_device_train_batch_size", "4", *feature]
+    ddp = train(tmp_path, "ddp", 2, *flags)
+    fast = train(tmp_path, "fast", 2, *flags, "--distribution_strategy", "fast_ddp")
+    assert len(fast["losses"]) == len(fast["second_losses"]) == 6
+    assert fast["losses"] == pytest.approx(ddp["losses"], abs=1e-5)
+    assert fast["second_losses"] == pytest.approx(ddp["second_losses"], abs=1e-5)
+
+
 @pytest.fixture
 def one_process_group(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
