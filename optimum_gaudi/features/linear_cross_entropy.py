@@ -307,6 +307,8 @@ class FusedLinearCrossEntropy:
         hidden, self.hidden = self.hidden, None
         if hidden is None:  # not a training step, or a head that did not go through the hook
             return own_loss(logits, labels, vocab_size, **kwargs)
+        if labels.dim() > 1 and hidden.shape[0] > labels.shape[0]:
+            hidden = hidden[: labels.shape[0]]  # the real rows, as a short batch padded in the forward gives labels
         weight, bias = self._unsharded_head()
         self.probe = (logits.detach(), hidden[..., -1:, :].detach())
         known = {k: kwargs[k] for k in ("num_items_in_batch", "ignore_index", "shift_labels") if k in kwargs}

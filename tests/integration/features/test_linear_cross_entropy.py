@@ -282,6 +282,32 @@ def test_trainer_losses_match_under_gradient_accumulation(tmp_path):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
 
 
+def test_a_short_batch_padded_in_the_forward_gives_the_models_own_losses(bridge, tmp_path, monkeypatch):
+    """A lazy-mode Gaudi (simulated) pads an epoch's short last batch. Where padding the labels with -100 is not
+    shown inert (forced here), the forward runs padded and the loss function is given the real rows only: the
+    fused loss cuts the hidden states it took from the output layer alike (it had the padded rows: a shape
+    error)."""
+    from optimum_gaudi.features.static_batches import StaticRows
+
+    monkeypatch.setattr(StaticRows, "_masked_is_inert", lambda self, *args: False)
+
+    def run(out, fused, **kwargs):
+        args = GaudiTrainingArguments(
+            output_dir=str(tmp_path / out), num_train_epochs=1, per_device_train_batch_size=4, logging_steps=1,
+            report_to=[], seed=0, save_strategy="no", use_fused_linear_cross_entropy=fused, **kwargs,
+        )  # fmt: skip
+        model, rows = llama(), []
+        model.model.embed_tokens.register_forward_pre_hook(lambda module, inputs: rows.append(inputs[0].size(0)))
+        trainer = GaudiTrainer(model=model, args=args, train_dataset=padded_rows(10))
+        trainer.train()
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h], rows
+
+    expected, _ = run("cpu", fused=False, use_cpu=True, use_lazy_mode=True)  # sets PT_HPU_LAZY_MODE=1 as the Gaudi's
+    got, rows = run("hpu", fused=True, use_habana=True, use_lazy_mode=True)
+    assert rows[-1] == 4  # the short batch (2 rows) ran padded
+    assert len(got) == 3 and got == pytest.approx(expected, rel=1e-5)
+
+
 @pytest.mark.cpu
 @pytest.mark.skipif(not has_torchao, reason="needs the [fp8] extra (torchao)")
 def test_with_fp8_the_fused_loss_gives_fp8s_own_losses(tmp_path, torchao):
