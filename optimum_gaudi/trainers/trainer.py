@@ -369,15 +369,18 @@ class GaudiTrainerMixin(TrainerShims):
         return fused
 
     def _with_training_graphs(self, model: nn.Module) -> nn.Module:
-        """--use_hpu_graphs_for_training: the device's graph cache around the forward, once per model; before
-        fast_ddp (ModuleCacher refuses a forward(*args), and caches the model's own signature)."""
+        """--use_hpu_graphs_for_training: the device's graph cache around the model's own forward, once per model,
+        under whatever wraps it (a second train() is given an earlier one's DDP or fast_ddp wrapper: ModuleCacher
+        refuses fast_ddp's forward(*args), and caches the model's own signature)."""
         if not self.args.use_hpu_graphs_for_training:
             return model
-        seam = Seam.of(model, "forward")
+        inner = self.accelerator.unwrap_model(model, keep_torch_compile=False)
+        seam = Seam.of(inner, "forward")
         if "training_graphs" in seam:
             return model
-        wrap = functools.partial(self.gaudi_device.wrap_for_training, model, self.args.max_hpu_graphs)
-        return seam.adopt("training_graphs", wrap)  # the bridge writes the forward itself
+        wrap = functools.partial(self.gaudi_device.wrap_for_training, inner, self.args.max_hpu_graphs)
+        graphed = seam.adopt("training_graphs", wrap)  # the bridge writes the forward itself
+        return graphed if inner is model else model
 
     def _with_inference_graphs(self, model: nn.Module) -> nn.Module:
         """--use_hpu_graphs_for_inference: the device's inference graphs around the forward, once per model, not
