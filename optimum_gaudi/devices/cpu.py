@@ -39,20 +39,39 @@ def _meminfo_bytes(field: str) -> int | None:
     return None
 
 
-# torch.cpu.get_capabilities() names of the instructions that compute in bf16: x86's AVX512-BF16 and AMX, Arm's BF16
-# (NEON and SVE). Without them torch emulates bf16 (each element converted to float32 and back), slower than float32.
-BF16_CAPABILITIES = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16")
+# Names of the instructions that compute in bf16: x86's AVX512-BF16 and AMX, Arm's BF16 (NEON and SVE), as
+# torch.cpu.get_capabilities() (torch 2.11+) and the kernel's /proc/cpuinfo flags name them. Without them torch
+# emulates bf16 (each element converted to float32 and back), slower than float32.
+BF16_CAPABILITIES = ("avx512_bf16", "amx_bf16", "bf16", "sve_bf16", "svebf16")
+CPUINFO = "/proc/cpuinfo"
 SLOWDOWN_SIZE = 128  # the matmul bf16_matmul_slowdown times, the width of a small model's linear layers
 
 
-def cpu_has_bf16_instructions() -> bool:
-    """Whether this CPU computes in bf16 natively (AVX512-BF16, AMX, Arm BF16), as torch's cpuinfo reports it."""
+def cpu_capabilities() -> set[str]:
+    """The instruction sets this CPU reports: torch's cpuinfo where the running torch exposes it (2.11+), the
+    kernel's flags otherwise (every torch a Gaudi release ships, 2.6-2.10, lacks ``torch.cpu.get_capabilities``:
+    its private x86 checks alone would miss Arm and answer "emulated" where they are absent)."""
     capabilities = getattr(torch.cpu, "get_capabilities", None)
-    if capabilities is None:  # an older torch: its x86 checks only
-        older = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-        return any(getattr(torch.cpu, name, lambda: False)() for name in older)
-    found = capabilities()
-    return any(found.get(name, False) for name in BF16_CAPABILITIES)
+    if capabilities is not None:
+        return {name for name, present in capabilities().items() if present is True}
+    found: set[str] = set()
+    try:
+        with open(CPUINFO) as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() in ("flags", "Features"):  # x86, Arm
+                    found.update(value.split())
+    except OSError:
+        pass
+    for name, check in (("avx512_bf16", "_is_avx512_bf16_supported"), ("amx_bf16", "_is_amx_tile_supported")):
+        if getattr(torch.cpu, check, lambda: False)():
+            found.add(name)
+    return found
+
+
+def cpu_has_bf16_instructions() -> bool:
+    """Whether this CPU computes in bf16 natively (AVX512-BF16, AMX, Arm BF16)."""
+    return not cpu_capabilities().isdisjoint(BF16_CAPABILITIES)
 
 
 @functools.cache

@@ -106,15 +106,15 @@ def _note_mixed_addmm(device: torch.device) -> None:
     if device.type in _MIXED_ADDMM:
         return
     works = False
-    key = torch._C._dispatch_key_for_device(device.type)
-    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::addmm.dtype_out", key):
-        a, b = (torch.randn(16, 16, device=device, dtype=torch.bfloat16) for _ in range(2))
-        c = torch.ones(16, 16, device=device)
-        try:
+    try:  # the overload came with torch 2.8: looking it up on an older torch raises (no such operator)
+        key = torch._C._dispatch_key_for_device(device.type)
+        if torch._C._dispatch_has_kernel_for_dispatch_key("aten::addmm.dtype_out", key):
+            a, b = (torch.randn(16, 16, device=device, dtype=torch.bfloat16) for _ in range(2))
+            c = torch.ones(16, 16, device=device)
             torch.addmm(c, a, b, out_dtype=torch.float32, out=c)
             works = bool(torch.allclose(c, 1 + a.float() @ b.float(), rtol=1e-2, atol=1e-2))
-        except (RuntimeError, TypeError, NotImplementedError):
-            works = False
+    except (RuntimeError, TypeError, NotImplementedError, AttributeError):
+        works = False
     _MIXED_ADDMM[device.type] = works
 
 

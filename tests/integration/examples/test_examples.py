@@ -160,7 +160,9 @@ def test_make_demo_trains_in_float32_where_bf16_is_emulated(tmp_path, monkeypatc
     from optimum_gaudi import GaudiTrainer
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the demo runs on this CPU, whatever the host
-    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx2": True, "amx_bf16": native})
+    monkeypatch.setattr(
+        "optimum_gaudi.devices.cpu.cpu_capabilities", lambda: {"avx2"} | ({"amx_bf16"} if native else set())
+    )
     monkeypatch.setattr("optimum_gaudi.devices.cpu.bf16_matmul_slowdown", lambda: 42.0)
     demo = load_demo()
     argv = demo._run_clm_args(demo._parse(["--output_dir", str(tmp_path)]))

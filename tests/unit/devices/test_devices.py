@@ -19,7 +19,7 @@ def no_gaudi(monkeypatch):
 
 def cpu_capabilities(monkeypatch, **found):
     """This CPU, as torch's cpuinfo would report it: only the capabilities named are present."""
-    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"architecture": "test", **found})
+    monkeypatch.setattr("optimum_gaudi.devices.cpu.cpu_capabilities", lambda: {n for n, on in found.items() if on})
     monkeypatch.setattr("optimum_gaudi.devices.cpu.bf16_matmul_slowdown", lambda: 42.0)  # the ratio it would measure
 
 
@@ -114,6 +114,36 @@ def test_cpu_knows_whether_it_computes_bf16_natively(monkeypatch, found, native)
     assert (note is None) is native
     if not native:
         assert "no bf16 instructions" in note and "42x as long as in float32" in note
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "native"),
+    [
+        ("flags\t\t: fpu sse2 avx2 avx512f avx512bw\n", False),
+        ("flags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16\n", True),  # Sapphire Rapids: AMX
+        ("Features\t: fp asimd sve svebf16 bf16\n", True),  # Graviton 3
+        ("Features\t: fp asimd\n", False),
+    ],
+)
+def test_a_torch_without_get_capabilities_reads_the_kernels_cpu_flags(monkeypatch, tmp_path, cpuinfo, native):
+    """torch 2.6-2.10 (every Gaudi release's) has no ``torch.cpu.get_capabilities``: an AMX or Arm BF16 CPU must not
+    read as one that emulates bf16 there."""
+    from optimum_gaudi.devices import cpu
+
+    monkeypatch.delattr(torch.cpu, "get_capabilities", raising=False)
+    for check in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        monkeypatch.setattr(torch.cpu, check, lambda: False, raising=False)  # this host's answer left out
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\n" + cpuinfo)
+    monkeypatch.setattr(cpu, "CPUINFO", str(tmp_path / "cpuinfo"))
+    assert cpu.cpu_has_bf16_instructions() is native
+
+
+def test_this_cpus_capabilities_agree_with_the_kernels_flags():
+    from optimum_gaudi.devices.cpu import BF16_CAPABILITIES, cpu_capabilities
+
+    with open("/proc/cpuinfo") as f:
+        flags = {word for line in f if line.split(":")[0].strip() in ("flags", "Features") for word in line.split()}
+    assert flags.isdisjoint(BF16_CAPABILITIES) is cpu_capabilities().isdisjoint(BF16_CAPABILITIES)
 
 
 def test_bf16_slowdown_is_measured_without_touching_the_random_stream_or_the_threads():
