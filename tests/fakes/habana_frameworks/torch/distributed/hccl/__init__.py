@@ -322,7 +322,9 @@ def _disallow_collectives_in_graph() -> None:
     import torch._dynamo
     from torch._dynamo import trace_rules
 
-    sets = (trace_rules._allowed_callable_ids, trace_rules._nonstrict_trace_callable_ids)
+    # the ids dynamo's helper takes a function out of (the nonstrict set came with torch 2.7)
+    names = ("_allowed_callable_ids", "_nonstrict_trace_callable_ids")
+    sets = tuple(getattr(trace_rules, name) for name in names if hasattr(trace_rules, name))
     changed = []
     for member in dir(dist):
         with warnings.catch_warnings():  # dist.reduce_op's deprecation warning: noise, not behaviour to model
@@ -335,10 +337,10 @@ def _disallow_collectives_in_graph() -> None:
             changed.append((function, before))
 
     def undo() -> None:
-        for function, (allowed, nonstrict, disallowed) in changed:
+        for function, (*were, disallowed) in changed:
             if not disallowed:
                 trace_rules._disallowed_callable_ids.remove(id(function))
-            for ids, was in zip(sets, (allowed, nonstrict), strict=True):
+            for ids, was in zip(sets, were, strict=True):
                 if was:
                     ids.add(id(function))
 
@@ -353,14 +355,35 @@ def _destroy_at_exit() -> None:
         dist.destroy_process_group()
 
 
+def _register_backend(creator, devices: list[str]) -> None:
+    """``dist.Backend.register_backend("hccl", ...)``, as the bridge does at import, taken back when the simulator
+    unloads (a test double's hygiene: torch before 2.8 refuses a second registration of a name, "HCCL c10d
+    backend already exist", and in-process tests import the simulator many times)."""
+    backend = dist.Backend
+    dist.Backend.register_backend("hccl", creator, devices=devices)
+
+    def undo() -> None:
+        if hasattr(backend, "HCCL"):
+            delattr(backend, "HCCL")
+        backend._plugins.pop("HCCL", None)
+        if "hccl" in backend.backend_list:
+            backend.backend_list.remove("hccl")
+        for table in (backend.backend_capability, backend.backend_type_map):
+            table.pop("hccl", None)
+        for device in [d for d, name in backend.default_device_backend_map.items() if name == "hccl"]:
+            del backend.default_device_backend_map[device]
+
+    _hf.on_unload(undo)
+
+
 if dist.is_available():
     _disallow_collectives_in_graph()
 if dist.is_available() and hasattr(dist, "ProcessGroupGloo") and _device.loaded():
     atexit.register(_destroy_at_exit)
-    dist.Backend.register_backend("hccl", _ProcessGroupHCCL, devices=["hpu"])
+    _register_backend(_ProcessGroupHCCL, ["hpu"])
     _hf.record("distributed.hccl.register", backend="hccl", alias_of=None)
 elif dist.is_available() and hasattr(dist, "ProcessGroupGloo"):
-    dist.Backend.register_backend("hccl", _create_process_group_hccl, devices=["cpu"])
+    _register_backend(_create_process_group_hccl, ["cpu"])
     _hf.record("distributed.hccl.register", backend="hccl", alias_of="gloo")
 else:
     _hf.record("distributed.hccl.register", backend="hccl", alias_of=None)
