@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -72,8 +73,10 @@ class CompileOptions:
         return TorchDynamoPlugin(backend=self.backend, mode=self.mode, dynamic=self.dynamic)
 
     def apply_limits(self) -> None:
+        """The process-wide settings a compiling run needs: dynamo's cache limit, what an older torch lacks."""
         if self.cache_size_limit is not None:
             set_cache_size_limit(self.cache_size_limit)
+        prepare_older_torch()
 
     def compiler_context(self) -> contextlib.AbstractContextManager:
         """Around each call that may compile: the device's inductor options (read when a graph compiles)."""
@@ -139,6 +142,15 @@ def apply_dynamo_options(args: Any) -> None:
         value = getattr(args, name, None)
         if value is None:
             continue
+        if not hasattr(config, name):  # allow_unspec_int_on_nn_module came with torch 2.7
+            logger.warning(
+                "--%s %s does nothing with torch %s, which has no torch._dynamo.config.%s.",
+                name,
+                value,
+                torch.__version__,
+                name,
+            )
+            continue
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             setattr(config, name, value)
@@ -154,6 +166,34 @@ def apply_dynamo_options(args: Any) -> None:
         # Turning torch._dynamo.config.compiled_autograd on process-wide left later torch.compile calls in the
         # process failing ("compiled_autograd does not exist") with torch 2.13: not applied until that is solved.
         logger.warning("--use_compiled_autograd is not applied by this release: the backward runs uncompiled.")
+
+
+def _not_exporting() -> bool:
+    """torch 2.6's answer: a training run is never under ``torch.export``."""
+    return False
+
+
+def _torch_release() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def prepare_older_torch() -> None:
+    """What compiling transformers 5's models needs from a torch older than 2.7 (2.6: Gaudi 1.20 and 1.21).
+
+    - ``torch.compiler.is_exporting`` (came with 2.7): transformers asks it while building attention masks;
+      outside a compile the missing attribute is caught, but dynamo tracing the call fails the compile.
+    - torch 2.6's dynamo resumes a function after a graph break with code that reads ``torch`` from the function's
+      module globals: transformers modules that import torch for type checking only (``utils/output_capturing.py``,
+      around every model's forward) then fail with "NameError: name 'torch' is not defined". Such modules get the
+      name; nothing else reads it.
+    """
+    if not hasattr(torch.compiler, "is_exporting"):
+        torch.compiler.is_exporting = _not_exporting
+    if _torch_release() < (2, 7):
+        for name, module in list(sys.modules.items()):
+            if name.startswith("transformers.") and module is not None and not hasattr(module, "torch"):
+                module.torch = torch
 
 
 def set_cache_size_limit(limit: int) -> None:

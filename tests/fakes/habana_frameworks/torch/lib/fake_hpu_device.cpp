@@ -15,6 +15,7 @@
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/detail/HPUHooksInterface.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -149,6 +150,24 @@ struct HPUHooks final : at::HPUHooksInterface {
   c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
 };
 REGISTER_HPU_HOOKS(HPUHooks);
+
+// A Gaudi's torch is a CPU build (Intel's PyTorch beside the bridge): its CUDA hooks are the default interface,
+// built for nothing, and HPU is the one accelerator. PyPI's Linux builds of the torch each Gaudi release ships
+// (2.6-2.10) are CUDA builds: there torch's accelerator query (at::getAccelerator, behind torch.accelerator, the
+// DataLoader's pin-memory check and the autograd engine's streams) finds two built and refuses ("Cannot have both
+// HPU and cuda."). torch creates its CUDA hooks object while torch._C loads, before any plugin, so the simulated
+// plugin makes that object the default interface in place (its dynamic type: both classes hold no data): every
+// query then answers as a CPU build's. A test double's stand-in, nothing of the bridge.
+struct CPUBuildCUDAHooks final : at::CUDAHooksInterface {};
+struct StandAsACPUBuild {
+  StandAsACPUBuild() {
+    auto& hooks = const_cast<at::CUDAHooksInterface&>(at::detail::getCUDAHooks());
+    if (!hooks.isBuilt()) return;  // a CPU build already
+    static_assert(sizeof(CPUBuildCUDAHooks) == sizeof(void*), "a vtable pointer only");
+    CPUBuildCUDAHooks cpu_build;
+    std::memcpy(static_cast<void*>(&hooks), static_cast<void*>(&cpu_build), sizeof(void*));  // the vtable
+  }
+} stand_as_a_cpu_build;
 }  // namespace at
 
 namespace {
