@@ -214,3 +214,30 @@ def test_lazy_kernels_abort_on_set_as_the_bridge_does():
     result = subprocess.run([sys.executable, "-c", LAZY_RESIZE], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == -6 and "lazy kernels took" not in result.stdout, (result.returncode, result.stdout)
     assert "set_.source_Storage: This function should not be called in lazy flow" in result.stderr
+
+
+AS_A_CPU_BUILD = """
+import torch
+from torch.utils.data import DataLoader
+
+# a Gaudi's torch is a CPU build: HPU is the one accelerator torch finds, whatever this torch was built for
+assert torch.accelerator.current_accelerator().type == "hpu" and torch.accelerator.is_available()
+assert DataLoader([1, 2], pin_memory=True).pin_memory  # torch.accelerator, not a refusal
+x = torch.ones(3, device="hpu", requires_grad=True)
+(x * 2).sum().backward()  # the autograd engine asks the accelerator for its streams
+assert x.grad.device.type == "hpu"
+print("a cpu build's accelerator", torch.version.cuda)
+"""
+
+
+def test_the_accelerator_is_the_hpu_as_on_a_cpu_build_of_torch():
+    """PyPI's Linux torch builds (2.6-2.10, the torch each Gaudi release ships) are CUDA builds, where torch's
+    accelerator query found HPU and CUDA both built and refused ("Cannot have both HPU and cuda."): the DataLoader
+    and the autograd engine failed before step 1. The simulated plugin stands where a Gaudi's CPU build would."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
+    env.update(PYTHONPATH=FAKES, FAKE_HPU_DEVICE="1", OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [sys.executable, "-c", AS_A_CPU_BUILD], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "a cpu build's accelerator" in result.stdout
