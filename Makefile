@@ -11,7 +11,7 @@ TORCH_VERSION ?= 2.13.0
 # tests/integration/precision/test_fp8.py puts it on sys.path.
 TORCHAO := .venv-torchao
 
-.PHONY: venv demo test test-fast test-deepspeed test-compat test-compat-all test-compat-trl style bench clean
+.PHONY: venv demo test test-fast test-deepspeed test-compat test-compat-all test-compat-torch test-compat-trl style bench clean
 
 venv: $(STAMP)
 
@@ -57,6 +57,15 @@ test-compat:
 test-compat-all:
 	tests/compat/run.sh $$(tests/compat/releases.sh)
 
+# The unit suite and an integration set touching every feature (FSDP + sharded checkpoints, context parallelism, fp8,
+# the fused loss, DDP and fast_ddp, the watchdog, resume, simulated-Gaudi launches) on the torch each Intel Gaudi
+# release ships (tests/compat/gaudi_torch.txt: 2.6, 2.7, 2.9, 2.10), one venv each in .venv-torch/<version>: PyPI's
+# CUDA builds, about 5 GB a venv, run on the CPU. The newest torch is make test's. TORCH_VERSIONS="2.6.0" picks
+# some, TORCH_TESTS=unit runs the unit suite only (CI: the oldest).
+TORCH_VERSIONS ?=
+test-compat-torch:
+	tests/compat/torch.sh $(TORCH_VERSIONS)
+
 # optimum_gaudi.trl on the oldest TRL it supports (the newest is in .venv, run by make test)
 test-compat-trl:
 	CORE_TESTS=tests/integration/trainers/test_trl.py tests/compat/run.sh trl==1.0.0
@@ -69,4 +78,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) .venv-compat build *.egg-info
+	rm -rf $(VENV) .venv-compat .venv-torch build *.egg-info

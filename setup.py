@@ -13,8 +13,10 @@ setup(
     package_dir={"optimum_gaudi.gaudi_configs": "gaudi_configs"},
     package_data={"optimum_gaudi.gaudi_configs": ["*.json"]},
     install_requires=[
-        # torch is not pinned: a Gaudi machine's own build must be kept (Makefile installs a CPU build first elsewhere)
-        "torch>=2.1",
+        # torch is not pinned: a Gaudi machine's own build must be kept (Makefile installs a CPU build first elsewhere).
+        # The floor is the oldest torch tested (make test-compat-torch): Gaudi software 1.20's; optimum_gaudi.devices
+        # says so in one line where an older one runs
+        "torch>=2.6",
         "transformers>=4.57.1",  # tested: make test-compat (no upper pin: none seen failing)
         # 1.5 added Gaudi support (is_hpu_available, DistributedType.MULTI_HPU, HPU_BACKEND; accelerate PR #3378):
         # below it transformers' is_torch_hpu_available() answers False, and the model stays on the CPU

@@ -21,11 +21,41 @@ logger = logging.getLogger(__name__)
 
 REQUIRE_HPU_ENV = "OPTIMUM_GAUDI_REQUIRE_HPU"
 
-__all__ = ["FEATURES", "CPUDevice", "CUDADevice", "Device", "HPUDevice", "NoGaudiError", "detect_device"]
+__all__ = [
+    "FEATURES",
+    "CPUDevice",
+    "CUDADevice",
+    "Device",
+    "HPUDevice",
+    "NoGaudiError",
+    "TorchTooOldError",
+    "check_torch_release",
+    "detect_device",
+]
 
 
 class NoGaudiError(UserError, RuntimeError):
     """A Gaudi was required (OPTIMUM_GAUDI_REQUIRE_HPU=1) but none is usable here."""
+
+
+# The oldest torch tested (tests/compat/torch.sh): the one Gaudi software 1.20 and 1.21 ship. setup.py says the same.
+TORCH_FLOOR = (2, 6)
+
+
+class TorchTooOldError(UserError, RuntimeError):
+    """The running torch is older than the oldest this package is tested on."""
+
+
+def check_torch_release(version: str = torch.__version__) -> None:
+    """One line, before any work, where the running torch is older than the floor (a Gaudi on software 1.19 or
+    older, or a torch installed beside the package without its requirement)."""
+    release = tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+    if release < TORCH_FLOOR:
+        floor = ".".join(map(str, TORCH_FLOOR))
+        raise TorchTooOldError(
+            f"optimum-gaudi needs torch >= {floor} (Intel Gaudi software 1.20 or later ships it); this is torch "
+            f"{version}: upgrade the Gaudi software, or install torch >= {floor} elsewhere."
+        )
 
 
 def _require_hpu() -> bool:

@@ -19,7 +19,7 @@ import transformers
 from transformers import TrainingArguments
 
 from ..configuration.gaudi_config import GaudiConfig
-from ..devices import CPUDevice, Device, detect_device
+from ..devices import CPUDevice, Device, check_torch_release, detect_device
 from ..devices.hpu import bridge_installed, prepare_bridge
 from ..distributed.fsdp import fsdp2_config, read_fsdp_config
 from ..distributed.host_group import honour_timeout
@@ -303,6 +303,7 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
     )
 
     def __post_init__(self) -> None:
+        check_torch_release()
         apply_removed_arguments(self)  # transformers 4's arguments on optimum-habana command lines, first
         if self.log_throughput_and_memory is None:  # a metrics feature asked for, or a Gaudi run (as optimum-habana)
             self.log_throughput_and_memory = (

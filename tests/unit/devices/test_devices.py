@@ -181,3 +181,27 @@ def test_feature_table_has_no_bf16_line_where_bf16_is_native(monkeypatch, tmp_pa
         output_dir=str(tmp_path), gaudi_config_name="gpt2", bf16=True, use_cpu=True, report_to=[]
     )
     assert bf16_lines(feature_table(CPUDevice(), args, args.gaudi_config)) == []
+
+
+@pytest.mark.parametrize("version", ["2.5.1+hpu.synapse.v1.19.0", "2.1.0", "1.13.1+cpu"])
+def test_a_torch_older_than_the_floor_is_one_line(version):
+    from optimum_gaudi.devices import TorchTooOldError, check_torch_release
+
+    with pytest.raises(TorchTooOldError, match=r"^optimum-gaudi needs torch >= 2\.6 .*this is torch ") as caught:
+        check_torch_release(version)
+    assert "\n" not in str(caught.value)
+    for supported in ("2.6.0+hpu.synapse.v1.21.0", "2.10.0", "2.13.0+cpu"):
+        check_torch_release(supported)
+
+
+def test_setup_py_declares_the_floor_the_package_checks():
+    import re
+    from pathlib import Path
+
+    from optimum_gaudi.devices import TORCH_FLOOR
+
+    setup = (Path(__file__).parents[3] / "setup.py").read_text()
+    assert re.search(r'"torch>=(\d+\.\d+)"', setup).group(1) == ".".join(map(str, TORCH_FLOOR))
+    matrix = (Path(__file__).parents[3] / "tests" / "compat" / "gaudi_torch.txt").read_text()
+    oldest = min(tuple(map(int, line.split()[1].split(".")[:2])) for line in matrix.splitlines() if line[:1].isdigit())
+    assert oldest == TORCH_FLOOR  # the floor is the oldest torch the matrix tests
