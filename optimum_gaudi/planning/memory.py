@@ -12,6 +12,8 @@ Counted per rank (one process per card):
   only one chunk of them and the output layer's gradient, computed in the forward;
 - communication buffers: DDP's gradient buckets (a Gaudi's gradients are views into them), fast_ddp's fused
   buffer, FSDP's gathered layers;
+- workspace: on a CPU, what a training process holds beyond the tensors (math libraries' buffers, the heap's kept
+  blocks), calibrated on this machine; on a card it is part of the reserve;
 - runtime reserve: the runtime's own memory (an assumption, settings.Assumptions).
 
 Peak: gradients are freed before each step (Trainer's ``zero_grad(set_to_none=True)``), so with one micro-batch
@@ -42,6 +44,7 @@ class Breakdown:
     activations: float
     logits: float
     communication: float
+    workspace: float
     reserve: float
     peak: float
 
@@ -49,7 +52,7 @@ class Breakdown:
         return {
             "weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
             "activations": self.activations, "logits/loss": self.logits, "comm buffers": self.communication,
-            "reserve": self.reserve,
+            "workspace": self.workspace, "reserve": self.reserve,
         }  # fmt: skip
 
     @property
@@ -163,10 +166,11 @@ def breakdown(
     else:
         reserve = assumptions.reserve_gb_cpu.value * GB
 
-    states = weights + optimizer + communication + reserve
+    workspace = assumptions.workspace_gb_cpu.value * GB if card.kind == "cpu" else 0.0
+    states = weights + optimizer + communication + workspace + reserve
     together = setting.accumulation > 1 or bucket_views
     if together:
         peak = states + gradients + activations + logits
     else:
         peak = states + max(activations + logits + head_gradient, gradients)
-    return Breakdown(weights, gradients, optimizer, activations, logits, communication, reserve, peak)
+    return Breakdown(weights, gradients, optimizer, activations, logits, communication, workspace, reserve, peak)

@@ -36,7 +36,7 @@ def format_plan(plan: Plan, rows: int = 12, model_arg: str = "MODEL") -> str:
         f"global batch {w.global_batch}, {w.precision}",
         "",
     ]
-    header = ["setting (micro x accum)", "weights", "grads", "optim", "activ", "logits", "comm", "reserve", "peak GB",
+    header = ["setting (micro x accum)", "weights", "grads", "optim", "activ", "logits", "comm", "work", "reserve", "peak GB",
               "fits", "tokens/s"]  # fmt: skip
     table = [header]
     for c in representatives(plan)[:rows]:

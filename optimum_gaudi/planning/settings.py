@@ -76,8 +76,13 @@ class Assumptions:
         "fragmentation; set --reserve_gb from torch.cuda.max_memory_reserved of a run"
     )  # fmt: skip
     reserve_gb_cpu: Assumption = _assumption(
-        0.75, "measured on this machine: resident set of a Python process after importing torch, transformers "
-        "and optimum_gaudi, before a model is built (docs/planning.md says how)"
+        0.5, "measured on this machine (2026-11-28, torch 2.13, transformers 5.24): resident set of a Python process "
+        "after importing torch, transformers and GaudiTrainer, before a model is built: 0.49 GB (docs/planning.md)"
+    )  # fmt: skip
+    workspace_gb_cpu: Assumption = _assumption(
+        0.06, "calibrated on this machine (AMD EPYC, torch 2.13): a 7M-parameter Llama trained on one CPU process "
+        "peaked 63 MB above what the parts count (BENCH_SECTIONS=plan make bench, row 'llama'); the math "
+        "libraries' buffers, the loop's own state and the heap's kept blocks; the other rows check it"
     )  # fmt: skip
     reserve_gb: Assumption | None = None  # given: the runtime reserve in GB on any card, instead of the above
     hpu_graph_fraction: Assumption = _assumption(
