@@ -50,10 +50,16 @@ CARDS: dict[str, Card] = {
 _ALIASES = {"a100": "a100-80gb", "h100-80gb": "h100", "h100-sxm": "h100", "h200-141gb": "h200", "hpu": "gaudi2"}
 
 
+def _plain(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower()).replace("intel", "").replace("nvidia", "")
+
+
+_BY_PLAIN_NAME = {_plain(k): k for k in CARDS} | {_plain(k): v for k, v in _ALIASES.items()} | {"cpu": "cpu"}
+
+
 def _key(name: str) -> str:
-    key = re.sub(r"[\s_]+", "", name.strip().lower()).replace("intel", "")
-    key = key.replace("nvidia", "").strip("-")
-    return _ALIASES.get(key, key)
+    """The CARDS key of a name written any way (case, spaces, dashes, underscores, a vendor's name)."""
+    return _BY_PLAIN_NAME.get(_plain(name), name)
 
 
 def available_ram_gb() -> float:

@@ -81,17 +81,18 @@ def layer_activation_bytes(shape: ModelShape, workload: Workload, setting: Setti
     def norm_output(consumers: int) -> float:  # the normalised input a linear layer saves
         return FP32 * h if fp32 else consumers * lin * h
 
-    norm = 2 * FP32 * h  # the norm's float32 input and normalised value
+    own_copy = lin if setting.fp8 else 0  # an fp8 linear layer saves its own cast; others save SDPA's output itself
     if shape.family == "gpt2":
-        # ln_1, c_attn's input, q/k/v (one tensor), SDPA's output and c_proj's contiguous input; ln_2, c_fc's input,
-        # then GPT-2's gelu_new, written out in Python: its input, tanh's output, 1 + tanh, input / 2, and the
-        # product c_proj saves (dropout not counted: a mask of a byte per element where it is on)
-        attention = norm + norm_output(1) + out * 3 * h + out * h + lin * h
-        mlp = norm + norm_output(1) + out * 4 * i + lin * i
+        # LayerNorm saves its input; c_attn's input, q/k/v (one tensor), SDPA's output (a view feeds c_proj); ln_2,
+        # c_fc's input, then GPT-2's gelu_new, written out in Python: its input, tanh's output, 1 + tanh,
+        # input / 2, and the product c_proj saves (dropout not counted: a byte-per-element mask where it is on)
+        attention = FP32 * h + norm_output(1) + out * 3 * h + out * h + own_copy * h
+        mlp = FP32 * h + norm_output(1) + out * 4 * i + lin * i
         return attention + mlp
-    # Llama-like: norm, q/k/v's inputs, rotated q and k, v, SDPA's output, o_proj's input; norm, gate/up inputs,
-    # gate and up outputs, SiLU(gate), down_proj's input
-    attention = norm + norm_output(3) + out * (q + 2 * kv) + out * q + lin * q
+    # Llama-like: RMSNorm saves its float32 input and normalised value; q/k/v's inputs, rotated q and k, v, SDPA's
+    # output; norm, gate/up inputs, gate and up outputs, SiLU(gate), down_proj's input
+    norm = 2 * FP32 * h
+    attention = norm + norm_output(3) + out * (q + 2 * kv) + out * q + own_copy * q
     mlp = norm + norm_output(2) + out * 3 * i + lin * i
     return attention + mlp
 
@@ -105,7 +106,8 @@ def activation_bytes(shape: ModelShape, workload: Workload, setting: Setting) ->
     tokens = tokens_per_rank(workload, setting)
     layer = layer_activation_bytes(shape, workload, setting)
     _, lin = _element_bytes(workload, setting)
-    final_norm = 2 * FP32 * shape.hidden + (FP32 if workload.precision == "fp32" else lin) * shape.hidden
+    norm = (1 if shape.family == "gpt2" else 2) * FP32 * shape.hidden
+    final_norm = norm + (FP32 if workload.precision == "fp32" else lin) * shape.hidden
     if setting.checkpointing:  # each layer's float32 input kept, one layer's activations recomputed at a time
         return tokens * (shape.layers * FP32 * shape.hidden + layer + final_norm)
     return tokens * (shape.layers * layer + final_norm)

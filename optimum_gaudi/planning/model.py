@@ -34,6 +34,8 @@ class ModelShape:
     vocab: int
     positions: int
     tied_embeddings: bool
+    attention_bias: bool = False  # q/k/v biases (Qwen2)
+    qk_norm: bool = False  # per-head norms of q and k (Qwen3)
 
     @property
     def q_width(self) -> int:
@@ -49,6 +51,7 @@ class ModelShape:
         if self.family == "gpt2":
             return (h * 3 * h + 3 * h) + (h * h + h) + (h * i + i) + (i * h + h) + 4 * h
         attention = h * self.q_width + 2 * h * self.kv_width + self.q_width * h
+        attention += (self.q_width + 2 * self.kv_width) * self.attention_bias + 2 * self.head_dim * self.qk_norm
         return attention + 3 * h * i + 2 * h
 
     def embedding_parameters(self) -> int:
@@ -86,6 +89,7 @@ def shape_from_config(config: dict[str, Any], name: str = "model") -> ModelShape
             name, "gated", int(get("num_hidden_layers")), h, int(get("intermediate_size")), heads,
             int(get("num_key_value_heads") or heads), int(get("head_dim") or h // heads), int(get("vocab_size")),
             int(get("max_position_embeddings", 4096)), bool(get("tie_word_embeddings", False)),
+            bool(get("attention_bias", kind == "qwen2")), kind == "qwen3",
         )  # fmt: skip
     known = ", ".join(sorted(GATED_FAMILY | GPT2_FAMILY))
     raise UserError(f"{name}: model_type {kind or '(none)'!r} is not one the planner knows; it knows {known}.")
