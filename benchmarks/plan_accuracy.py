@@ -38,6 +38,17 @@ SETTINGS = {
     "gpt2": (GPT2, 1, 128, 4, {}),
     "gpt2_ckpt": (GPT2, 1, 128, 4, {"gradient_checkpointing": True}),
     "llama_ddp2": (LLAMA, 2, 128, 4, {}),
+    "llama_fsdp2": (
+        LLAMA,
+        2,
+        128,
+        4,
+        {
+            "fsdp": "full_shard auto_wrap",
+            "fsdp_config": {"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]},
+        },
+    ),
+    "llama_cp2": (LLAMA, 2, 256, 2, {"context_parallel_size": 2}),
 }
 
 
@@ -79,7 +90,8 @@ def work(out: str, spec: str) -> None:
     accumulation = flags.get("gradient_accumulation_steps", 1)
     steps = 3
     g = torch.Generator().manual_seed(0)
-    rows = torch.randint(0, config["vocab_size"], (steps * micro * accumulation * world, sequence), generator=g)
+    data_parallel = world // flags.get("context_parallel_size", 1)
+    rows = torch.randint(0, config["vocab_size"], (steps * micro * accumulation * data_parallel, sequence), generator=g)
     data = [{"input_ids": r, "labels": r} for r in rows.tolist()]
     kind = config["model_type"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -133,12 +145,13 @@ def predict(name: str):
     from optimum_gaudi.planning import Setting, Workload, breakdown, card, load_model_shape
 
     config, procs, sequence, micro, flags = SETTINGS[name]
+    cp = flags.get("context_parallel_size", 1)
     setting = Setting(
-        strategy="ddp", checkpointing=flags.get("gradient_checkpointing", False),
+        strategy="fsdp" if "fsdp" in flags else "ddp", context_parallel=cp, checkpointing=flags.get("gradient_checkpointing", False),
         fused_loss=flags.get("use_fused_linear_cross_entropy", False), micro_batch=micro,
         accumulation=flags.get("gradient_accumulation_steps", 1),
     )  # fmt: skip
-    workload = Workload(cards=procs, sequence=sequence, global_batch=micro * procs * setting.accumulation,
+    workload = Workload(cards=procs, sequence=sequence, global_batch=micro * procs // cp * setting.accumulation,
                         precision="fp32")  # fmt: skip
     return load_model_shape(config), breakdown(load_model_shape(config), workload, setting, card("cpu"))
 
@@ -161,7 +174,7 @@ def run(names=tuple(SETTINGS), log=print) -> tuple[str, dict]:
         parts = plan.parts()
         rows.append([
             name, f"{shape.parameters() / 1e6:.1f}M", str(procs), f"{micro}x{sequence}",
-            ", ".join(f"{k}={v}" for k, v in flags.items()) or "-",
+            ", ".join(f"{k}={v}" for k, v in flags.items() if k != "fsdp_config") or "-",
             *(f"{parts[k] / MB:.0f}" for k in ("weights", "gradients", "optimizer", "activations", "logits/loss",
                                                "comm buffers", "workspace")),
             f"{plan.training / MB:.0f}", f"{measured['training_peak'] / MB:.0f}", f"{error:+.0%}",

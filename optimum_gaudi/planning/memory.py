@@ -119,8 +119,10 @@ def logits_bytes(shape: ModelShape, workload: Workload, setting: Setting) -> flo
     if setting.fused_loss:
         out, _ = _element_bytes(workload, setting)
         chunk = min(tokens, max(1, CHUNK_ELEMENTS // shape.vocab))
-        # the float32 logits buffer and its gradient cast, the hidden states' gradient, the head's gradient
-        return chunk * shape.vocab * (FP32 + out) + tokens * shape.hidden * out + FP32 * shape.vocab * shape.hidden
+        # the float32 logits buffer, its gradient's cast to the compute dtype (none in float32: the buffer itself),
+        # the hidden states' gradient, the head's float32 gradient
+        cast = 0 if out == FP32 else out
+        return chunk * shape.vocab * (FP32 + cast) + tokens * shape.hidden * out + FP32 * shape.vocab * shape.hidden
     # at the start of the backward: float32 log-softmax output, its incoming gradient and the gradient it makes
     return tokens * shape.vocab * 3 * FP32
 
