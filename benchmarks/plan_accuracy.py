@@ -26,6 +26,9 @@ MB = 1e6
 # above the allocator's noise, small enough that a run takes seconds on one thread.
 LLAMA = dict(model_type="llama", vocab_size=8192, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
              num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=False)  # fmt: skip
+# 107M parameters, fsdp_memory.py's Llama: the 100M class, where the training state dominates
+LLAMA_107M = dict(model_type="llama", vocab_size=8192, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                  num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=False)  # fmt: skip
 GPT2 = dict(model_type="gpt2", vocab_size=8192, n_embd=256, n_layer=4, n_head=8, n_positions=512,
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
 
@@ -49,6 +52,17 @@ SETTINGS = {
         },
     ),
     "llama_cp2": (LLAMA, 2, 256, 2, {"context_parallel_size": 2}),
+    "llama_107m": (LLAMA_107M, 1, 128, 2, {}),
+    "llama_107m_fsdp2": (
+        LLAMA_107M,
+        2,
+        128,
+        2,
+        {
+            "fsdp": "full_shard auto_wrap",
+            "fsdp_config": {"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]},
+        },
+    ),
 }
 
 

@@ -40,8 +40,8 @@ class Plan:
 
     @property
     def recommended(self) -> Candidate | None:
-        """The fastest that fits; where speed is unknown (a CPU) or equal, the one needing the fewest tricks and
-        the least memory."""
+        """The fastest that fits, and of equally fast ones the one leaving the most memory free; where speed is
+        unknown (a CPU), the one needing the fewest tricks, then the largest micro-batch."""
         if not self.fitting:
             return None
         return min(self.fitting, key=_preference)
@@ -56,8 +56,9 @@ def _tricks(s: Setting) -> int:
 
 
 def _preference(c: Candidate) -> tuple:
-    speed = -(c.tokens_per_second or 0.0)
-    return (round(speed, -1), _tricks(c.setting), -c.setting.micro_batch, c.memory.peak)
+    if c.tokens_per_second is None:
+        return (_tricks(c.setting), -c.setting.micro_batch, c.memory.peak)
+    return (-float(f"{c.tokens_per_second:.3g}"), c.memory.peak)  # speeds equal to 3 figures are equal
 
 
 def _divisors_up_to(n: int) -> list[int]:

@@ -25,8 +25,7 @@ def communication_seconds(shape: ModelShape, workload: Workload, setting: Settin
     if world == 1:
         return 0.0
     bandwidth = (card.link_gb_s if workload.nodes == 1 else assumptions.internode_gb_s.value) * GB
-    dp = world // setting.context_parallel
-    share = (dp - 1) / dp if dp > 1 else 0.0
+    share = (world - 1) / world  # every rank holds (a shard of) every weight: gradients meet across all of them
     low = 4 if workload.precision == "fp32" else 2
     if setting.strategy == "fsdp":  # each micro-batch: gather for forward and backward, reduce-scatter gradients
         data = setting.accumulation * share * n * (2 * low + 4)
