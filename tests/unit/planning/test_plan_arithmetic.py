@@ -176,3 +176,18 @@ def test_the_recommended_command_parses_with_run_clms_own_arguments(tmp_path):
     assert namespace.block_size == 8192 and namespace.fsdp == "full_shard" and namespace.use_habana
     data_parallel = 16 // namespace.context_parallel_size
     assert namespace.per_device_train_batch_size * namespace.gradient_accumulation_steps * data_parallel == 32
+
+
+def test_a_runs_own_arguments_are_checked_against_its_card():
+    """Issue 48's second point, the arithmetic: a run's arguments on its card, one line when they do not fit."""
+    from optimum_gaudi import GaudiTrainingArguments
+    from optimum_gaudi.planning import check_run
+
+    config = dict(LLAMA_70B, num_hidden_layers=8)  # 7.9B parameters
+    args = GaudiTrainingArguments(output_dir="unused", per_device_train_batch_size=1, bf16=True, report_to="none")
+    gaudi2 = card("gaudi2")
+    message = check_run(config, args, sequence=4096, card=gaudi2, world=8)
+    assert message.startswith("the plan says this run needs ") and "--ignore_plan" in message
+    assert "\n" not in message and "largest part: optimizer" in message
+    sharded = dataclasses.replace(args, fsdp="full_shard", gradient_checkpointing=True)
+    assert check_run(config, sharded, sequence=4096, card=gaudi2, world=8) is None
