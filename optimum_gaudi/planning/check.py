@@ -1,5 +1,5 @@
 """One run's own settings checked against its card before it starts: the arithmetic of issue 48's second point,
-ready for a trainer to call (not wired into the trainer yet: docs/planning.md says why).
+which the trainer calls before step 1 (trainers/plan_check.py).
 
 The run states what it is (its training arguments' names), the card what it holds; the answer is None when the
 plan fits, else one line saying by how much it does not, what takes the memory, and what to do.

@@ -31,7 +31,17 @@ ALLOWED = {
     "features": {"errors", "precision", "configuration", "devices"},
     # launch: what the launcher tells its ranks (launch/ranks.py), read by the watchdog
     "distributed": {"errors", "precision", "configuration", "devices", "launch"},
-    "trainers": {"errors", "precision", "configuration", "devices", "features", "distributed", "checkpoints", "launch"},
+    "trainers": {
+        "errors",
+        "precision",
+        "configuration",
+        "devices",
+        "features",
+        "distributed",
+        "checkpoints",
+        "launch",
+        "planning",
+    },
     "cli": {"errors", "precision", "configuration", "devices", "features", "launch", "planning"},
     "__init__": {"_legacy_paths", "configuration", "trainers"},
     "__main__": {"cli", "_legacy_paths"},  # `python -m optimum_gaudi` and the 0.1 `python -m optimum_gaudi.launch`
