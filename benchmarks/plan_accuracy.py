@@ -195,7 +195,24 @@ def run(names=tuple(SETTINGS), log=print) -> tuple[str, dict]:
         ])  # fmt: skip
     header = ["setting", "parameters", "processes", "micro-batch x sequence", "flags", "weights", "grads", "optim",
               "activ", "logits", "comm", "workspace", "predicted peak (MB)", "measured peak (MB)", "error"]  # fmt: skip
-    return markdown_table(header, rows), results
+    return f"{markdown_table(header, rows)}\n\n{_machine()}", results
+
+
+def _machine() -> str:
+    """The CPU the rows were measured on: its model, whether it has AVX2 / AVX-512, its cores; torch's version."""
+    import torch
+
+    model, flags = "unknown CPU", set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return (f"Measured on: {model}, {vector}, {os.cpu_count()} cores, torch {torch.__version__}; float32, one thread "
+            "a process; MB = 10^6 bytes.")  # fmt: skip
 
 
 if __name__ == "__main__":
