@@ -32,6 +32,8 @@ LLAMA_107M = dict(model_type="llama", vocab_size=8192, hidden_size=1024, interme
 GPT2 = dict(model_type="gpt2", vocab_size=8192, n_embd=256, n_layer=4, n_head=8, n_positions=512,
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
 
+FSDP2 = {"fsdp": "full_shard auto_wrap",
+         "fsdp_config": {"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}}  # fmt: skip
 # name: (model config, processes, sequence, micro-batch, training flags)
 SETTINGS = {
     "llama": (LLAMA, 1, 128, 4, {}),
@@ -41,28 +43,11 @@ SETTINGS = {
     "gpt2": (GPT2, 1, 128, 4, {}),
     "gpt2_ckpt": (GPT2, 1, 128, 4, {"gradient_checkpointing": True}),
     "llama_ddp2": (LLAMA, 2, 128, 4, {}),
-    "llama_fsdp2": (
-        LLAMA,
-        2,
-        128,
-        4,
-        {
-            "fsdp": "full_shard auto_wrap",
-            "fsdp_config": {"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]},
-        },
-    ),
+    "llama_fsdp2": (LLAMA, 2, 128, 4, FSDP2),
+    "llama_fsdp4": (LLAMA, 4, 128, 2, FSDP2),
     "llama_cp2": (LLAMA, 2, 256, 2, {"context_parallel_size": 2}),
     "llama_107m": (LLAMA_107M, 1, 128, 2, {}),
-    "llama_107m_fsdp2": (
-        LLAMA_107M,
-        2,
-        128,
-        2,
-        {
-            "fsdp": "full_shard auto_wrap",
-            "fsdp_config": {"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]},
-        },
-    ),
+    "llama_107m_fsdp2": (LLAMA_107M, 2, 128, 2, FSDP2),
 }
 
 

@@ -10,8 +10,8 @@ Counted per rank (one process per card):
   each layer's input, plus one layer recomputed;
 - logits/loss: the [tokens, vocabulary] logits, their float32 log-softmax and its gradient; with the fused loss
   only one chunk of them and the output layer's gradient, computed in the forward;
-- communication buffers: DDP's gradient buckets (a Gaudi's gradients are views into them), fast_ddp's fused
-  buffer, FSDP's gathered layers;
+- communication buffers: DDP's gradient buckets (a Gaudi's gradients are views into them) and on a CPU gloo's
+  working copy of one bucket, fast_ddp's fused buffer, FSDP's gathered layers;
 - workspace: on a CPU, what a training process holds beyond the tensors (math libraries' buffers, the heap's kept
   blocks), calibrated on this machine; on a card it is part of the reserve;
 - runtime reserve: the runtime's own memory (an assumption, settings.Assumptions).
@@ -31,6 +31,7 @@ from .model import ModelShape
 from .settings import Assumptions, Setting, Workload
 
 FP32 = 4
+DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP's default bucket_cap_mb, which the CPU device keeps (devices/cpu.py)
 CHUNK_ELEMENTS = 1 << 26  # the fused loss's logits chunk (features/linear_cross_entropy.py's CHUNK_ELEMENTS)
 
 
@@ -150,6 +151,8 @@ def breakdown(
     communication = 0.0
     if world > 1 and setting.strategy == "ddp" and not bucket_views:
         communication = FP32 * n  # DDP's buckets, beside the gradients
+        if card.kind == "cpu":  # gloo reduces through a working copy of a bucket (HCCL and NCCL on the card)
+            communication += min(FP32 * n, DDP_BUCKET_BYTES)
     elif world > 1 and setting.strategy == "fast_ddp":
         communication = (2 if card.kind == "hpu" else FP32) * n  # the fused buffer: bf16 on a Gaudi, else float32
     elif setting.strategy == "fsdp":
