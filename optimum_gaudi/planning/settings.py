@@ -81,7 +81,7 @@ class Assumptions:
     )  # fmt: skip
     workspace_gb_cpu: Assumption = _assumption(
         0.06, "calibrated on this machine (AMD EPYC, torch 2.13): a 7M-parameter Llama trained on one CPU process "
-        "peaked 43-63 MB above what the parts count over four runs (BENCH_SECTIONS=plan make bench, row 'llama', "
+        "peaked 43-86 MB above what the parts count over five runs (BENCH_SECTIONS=plan make bench, row 'llama', "
         "2026-11-28): the math libraries' buffers, the loop's own state and the heap's kept blocks; the other "
         "rows check it"
     )  # fmt: skip
