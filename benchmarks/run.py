@@ -1,7 +1,7 @@
 """`make bench`: run the benchmarks in one process, print the tables, write docs/benchmarks.md.
 
 Each section is one side-by-side run. `BENCH_SECTIONS=compile make bench` reruns only the named sections
-(comma-separated: speed, compile, llama, fused_loss, distributed, fsdp, fsdp_cpu_time, allreduce, context_parallel,
+(comma-separated: speed, compile, llama, fused_loss, distributed, fsdp, fsdp_cpu_time, plan, allreduce, context_parallel,
 gpu, sharded_save, stalls) and replaces just those in docs/benchmarks.md,
 each section saying when and under what load it was measured.
 """
@@ -30,6 +30,7 @@ from benchmarks import (  # noqa: E402
     fused_loss,
     gpu,
     llama_speed,
+    plan_accuracy,
     sharded_save,
     stalls,
     train_speed,
@@ -195,6 +196,17 @@ def fsdp_cpu_time_section(quick: bool) -> str:
     return f"## FSDP2 on CPU: CPU time and memory against a hand-written loop, by malloc threshold\n\n{t.table()}\n\n{text}"
 
 
+def plan_section(quick: bool) -> str:
+    names = ("llama", "gpt2") if quick else tuple(plan_accuracy.SETTINGS)
+    text, results = plan_accuracy.run(names)
+    t = Targets()
+    for name, (predicted, measured) in results.items():
+        t.check(f"{name}: predicted peak off the measured one by", abs(predicted / measured - 1), 0.15, "{:.0%}",
+                at_most=True)  # fmt: skip
+    command = "Command: `BENCH_SECTIONS=plan make bench` (benchmarks/plan_accuracy.py says what is measured)."
+    return f"## Will it fit? The planner's memory against measured runs\n\n{t.table()}\n\n{text}\n\n{command}"
+
+
 def allreduce_section(quick: bool) -> str:
     return f"## All-reduce at scale: an alpha-beta estimate\n\n{allreduce_model.run()}"
 
@@ -267,7 +279,8 @@ SECTIONS = {
     "fused_loss": fused_loss_section,
     "distributed": distributed_section,
     "fsdp": fsdp_section,
-    "fsdp_cpu_time": fsdp_cpu_time_section,  # about 10 minutes on 2 cores: not a default section
+    "fsdp_cpu_time": fsdp_cpu_time_section,
+    "plan": plan_section,  # about 10 minutes on 2 cores: not a default section
     "allreduce": allreduce_section,
     "context_parallel": context_parallel_section,
     "gpu": gpu_section,
@@ -282,6 +295,7 @@ DEFAULT_SECTIONS = (
     "fsdp",
     "allreduce",
     "context_parallel",
+    "plan",
 )  # gpu: only where one is lent
 
 

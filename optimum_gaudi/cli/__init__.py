@@ -4,6 +4,8 @@
     optimum-gaudi plot OUTPUT_DIR [--out]  a PNG of a run's loss, learning rate, throughput, memory
     optimum-gaudi launch [--world_size N] [--nnodes N ...] SCRIPT ARGS...
                                            run SCRIPT on N processes per node (torchrun, deepspeed or mpirun)
+    optimum-gaudi plan MODEL [--card gaudi2 --cards 8 --sequence N --global_batch N ...]
+                                           will MODEL fit on these cards, with which settings, how fast
 
 Each subcommand is one module here whose ``add_command`` adds its parser and sets ``run`` to a function taking
 the parsed arguments and returning the exit code; list it in ``COMMANDS``. A run function reports a problem the
@@ -17,9 +19,14 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ..errors import CommandError
-from . import env, launch, plot
+from . import env, launch, plan, plot
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [env.add_command, plot.add_command, launch.add_command]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    env.add_command,
+    plot.add_command,
+    launch.add_command,
+    plan.add_command,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

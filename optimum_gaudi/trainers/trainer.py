@@ -68,6 +68,7 @@ from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .events import InternalCallbackHandler
 from .internals import check_internals
 from .nonfinite import NonFiniteGuard
+from .plan_check import check_the_plan
 from .preemption import Preemption, exit_after_checkpoint
 from .stragglers import Stragglers
 from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin, check_report_to
@@ -659,6 +660,7 @@ class GaudiTrainerMixin(TrainerShims):
         if self.args.should_save:
             tidy_before_resuming(self.args.output_dir, self.args.save_total_limit, checkpoint)
         check_room_for_a_checkpoint(self)  # a disk too small for one checkpoint: one line before step 1
+        check_the_plan(self)  # a run whose memory plan does not fit its card: one line before step 1 (--ignore_plan)
         preemption = Preemption()
         self._guard = NonFiniteGuard(self)
         several = self.args.world_size > 1 and torch.distributed.is_initialized()

@@ -196,6 +196,10 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             " logits (also the Gaudi config's use_fused_linear_cross_entropy)."
         },
     )
+    ignore_plan: bool = field(
+        default=False,
+        metadata={"help": "Train even where the memory plan (optimum-gaudi plan) does not fit the card."},
+    )
     # ---- optimum-habana's other fields: same names and meanings (docs/optimum-habana.md says what each does here)
     use_hpu_graphs: bool = field(
         default=False,

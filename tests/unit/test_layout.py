@@ -25,13 +25,24 @@ ALLOWED = {
     "configuration": {"errors", "_legacy_paths", "precision"},
     "data": {"errors", "_legacy_paths"},
     "checkpoints": {"errors"},
+    "planning": {"errors"},  # arithmetic only: no torch, no trainer code
     "devices": {"errors", "precision", "configuration"},
     "launch": {"errors", "precision", "configuration"},  # and no torch: test_the_launcher_loads_without_torch
     "features": {"errors", "precision", "configuration", "devices"},
     # launch: what the launcher tells its ranks (launch/ranks.py), read by the watchdog
     "distributed": {"errors", "precision", "configuration", "devices", "launch"},
-    "trainers": {"errors", "precision", "configuration", "devices", "features", "distributed", "checkpoints", "launch"},
-    "cli": {"errors", "precision", "configuration", "devices", "features", "launch"},
+    "trainers": {
+        "errors",
+        "precision",
+        "configuration",
+        "devices",
+        "features",
+        "distributed",
+        "checkpoints",
+        "launch",
+        "planning",
+    },
+    "cli": {"errors", "precision", "configuration", "devices", "features", "launch", "planning"},
     "__init__": {"_legacy_paths", "configuration", "trainers"},
     "__main__": {"cli", "_legacy_paths"},  # `python -m optimum_gaudi` and the 0.1 `python -m optimum_gaudi.launch`
 }

@@ -1,0 +1,204 @@
+"""The planner's per-rank memory against a measured training run on this CPU (issue 48's target: within 15%).
+
+Each setting trains in fresh processes (one, or torchrun's), float32 (this CPU has no bf16 instructions). A rank
+measures the training's own memory: the resident set's high-water mark (VmHWM, reset through
+/proc/self/clear_refs once the heap is trimmed) less the resident set just before the model is built, the same
+quantity as the plan's peak less its runtime reserve (``Breakdown.training``). The table compares the largest rank.
+
+This file is also the worker: ``python -m benchmarks.plan_accuracy OUT.json SETTING_JSON``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MB = 1e6
+
+# Small Llama and GPT-2 shapes whose weights, activations and logits are each tens of MB: big enough to stand
+# above the allocator's noise, small enough that a run takes seconds on one thread.
+LLAMA = dict(model_type="llama", vocab_size=8192, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+             num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=False)  # fmt: skip
+# 107M parameters, fsdp_memory.py's Llama: the 100M class, where the training state dominates
+LLAMA_107M = dict(model_type="llama", vocab_size=8192, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                  num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=False)  # fmt: skip
+GPT2 = dict(model_type="gpt2", vocab_size=8192, n_embd=256, n_layer=4, n_head=8, n_positions=512,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+
+FSDP2 = {"fsdp": "full_shard auto_wrap",
+         "fsdp_config": {"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}}  # fmt: skip
+# name: (model config, processes, sequence, micro-batch, training flags)
+SETTINGS = {
+    "llama": (LLAMA, 1, 128, 4, {}),
+    "llama_ckpt": (LLAMA, 1, 128, 4, {"gradient_checkpointing": True}),
+    "llama_fused": (LLAMA, 1, 128, 4, {"use_fused_linear_cross_entropy": True}),
+    "llama_accum2": (LLAMA, 1, 128, 4, {"gradient_accumulation_steps": 2}),
+    "gpt2": (GPT2, 1, 128, 4, {}),
+    "gpt2_ckpt": (GPT2, 1, 128, 4, {"gradient_checkpointing": True}),
+    "llama_ddp2": (LLAMA, 2, 128, 4, {}),
+    "llama_fsdp2": (LLAMA, 2, 128, 4, FSDP2),
+    "llama_fsdp4": (LLAMA, 4, 128, 2, FSDP2),
+    "llama_cp2": (LLAMA, 2, 256, 2, {"context_parallel_size": 2}),
+    "llama_107m": (LLAMA_107M, 1, 128, 2, {}),
+    "llama_107m_fsdp2": (LLAMA_107M, 2, 128, 2, FSDP2),
+}
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _high_water() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def _fresh_baseline() -> int:
+    """The resident set with freed heap given back and the high-water mark reset to it."""
+    import gc
+
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current resident set (proc(5))
+    return _rss()
+
+
+def work(out: str, spec: str) -> None:
+    """One rank: train 3 steps, report the training's own peak."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+    import transformers
+
+    from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
+
+    config, _, sequence, micro, flags = json.loads(spec)
+    torch.set_num_threads(1)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    accumulation = flags.get("gradient_accumulation_steps", 1)
+    steps = 3
+    g = torch.Generator().manual_seed(0)
+    data_parallel = world // flags.get("context_parallel_size", 1)
+    rows = torch.randint(0, config["vocab_size"], (steps * micro * accumulation * data_parallel, sequence), generator=g)
+    data = [{"input_ids": r, "labels": r} for r in rows.tolist()]
+    kind = config["model_type"]
+    with tempfile.TemporaryDirectory() as tmp:
+        args = GaudiTrainingArguments(
+            output_dir=tmp, max_steps=steps, per_device_train_batch_size=micro, report_to="none", save_strategy="no",
+            logging_steps=steps, disable_tqdm=True, learning_rate=1e-4, seed=0, **flags,
+        )  # fmt: skip
+        baseline = _fresh_baseline()
+        torch.manual_seed(0)
+        model_config = transformers.AutoConfig.for_model(kind, **{k: v for k, v in config.items() if k != "model_type"})
+        model = transformers.AutoModelForCausalLM.from_config(model_config)
+        trainer = GaudiTrainer(model=model, args=args, train_dataset=data)
+        trainer.train()
+        peak = _high_water() - baseline
+    mine = {"training_peak": peak, "parameters": sum(p.numel() for p in model.parameters())}
+    if world > 1:
+        ranks = [None] * world
+        torch.distributed.all_gather_object(ranks, mine)
+    else:
+        ranks = [mine]
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(out).write_text(json.dumps(ranks))
+    if world > 1:
+        torch.distributed.destroy_process_group()
+
+
+def measure(name: str) -> dict:
+    """Run setting ``name`` in fresh processes: the largest rank's training peak (bytes) and the parameters."""
+    config, procs, sequence, micro, flags = SETTINGS[name]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        spec = json.dumps([config, procs, sequence, micro, flags])
+        if procs == 1:
+            command = [sys.executable, "-m", "benchmarks.plan_accuracy", str(out), spec]
+        else:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs), "--master_addr",
+                       "127.0.0.1", "--master_port", str(port), "-m", "benchmarks.plan_accuracy", str(out), spec]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
+        ranks = json.loads(out.read_text())
+    return {"training_peak": max(r["training_peak"] for r in ranks), "parameters": ranks[0]["parameters"]}
+
+
+def predict(name: str):
+    """The plan's breakdown for setting ``name`` on this CPU."""
+    from optimum_gaudi.planning import Setting, Workload, breakdown, card, load_model_shape
+
+    config, procs, sequence, micro, flags = SETTINGS[name]
+    cp = flags.get("context_parallel_size", 1)
+    setting = Setting(
+        strategy="fsdp" if "fsdp" in flags else "ddp", context_parallel=cp, checkpointing=flags.get("gradient_checkpointing", False),
+        fused_loss=flags.get("use_fused_linear_cross_entropy", False), micro_batch=micro,
+        accumulation=flags.get("gradient_accumulation_steps", 1),
+    )  # fmt: skip
+    workload = Workload(cards=procs, sequence=sequence, global_batch=micro * procs // cp * setting.accumulation,
+                        precision="fp32")  # fmt: skip
+    return load_model_shape(config), breakdown(load_model_shape(config), workload, setting, card("cpu"))
+
+
+def run(names=tuple(SETTINGS), log=print) -> tuple[str, dict]:
+    """A markdown table of predicted against measured, and per setting (predicted, measured) bytes."""
+    from benchmarks.common import markdown_table
+
+    results, rows = {}, []
+    for name in names:
+        shape, plan = predict(name)
+        measured = measure(name)
+        if measured["parameters"] != shape.parameters():
+            raise RuntimeError(f"{name}: the planner counts {shape.parameters()} parameters, the model has "
+                               f"{measured['parameters']}")  # fmt: skip
+        results[name] = (plan.training, measured["training_peak"])
+        error = plan.training / measured["training_peak"] - 1
+        log(f"  {name}: predicted {plan.training / MB:.0f} MB, measured {measured['training_peak'] / MB:.0f} MB")
+        config, procs, sequence, micro, flags = SETTINGS[name]
+        parts = plan.parts()
+        rows.append([
+            name, f"{shape.parameters() / 1e6:.1f}M", str(procs), f"{micro}x{sequence}",
+            ", ".join(f"{k}={v}" for k, v in flags.items() if k != "fsdp_config") or "-",
+            *(f"{parts[k] / MB:.0f}" for k in ("weights", "gradients", "optimizer", "activations", "logits/loss",
+                                               "comm buffers", "workspace")),
+            f"{plan.training / MB:.0f}", f"{measured['training_peak'] / MB:.0f}", f"{error:+.0%}",
+        ])  # fmt: skip
+    header = ["setting", "parameters", "processes", "micro-batch x sequence", "flags", "weights", "grads", "optim",
+              "activ", "logits", "comm", "workspace", "predicted peak (MB)", "measured peak (MB)", "error"]  # fmt: skip
+    return f"{markdown_table(header, rows)}\n\n{_machine()}", results
+
+
+def _machine() -> str:
+    """The CPU the rows were measured on: its model, whether it has AVX2 / AVX-512, its cores; torch's version."""
+    import torch
+
+    model, flags = "unknown CPU", set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    return (f"Measured on: {model}, {vector}, {os.cpu_count()} cores, torch {torch.__version__}; float32, one thread "
+            "a process; MB = 10^6 bytes.")  # fmt: skip
+
+
+if __name__ == "__main__":
+    work(sys.argv[1], sys.argv[2])

@@ -1,0 +1,59 @@
+"""One run's own settings checked against its card before it starts: the arithmetic of issue 48's second point,
+which the trainer calls before step 1 (trainers/plan_check.py).
+
+The run states what it is (its training arguments' names), the card what it holds; the answer is None when the
+plan fits, else one line saying by how much it does not, what takes the memory, and what to do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import UserError
+from .hardware import GB, Card
+from .memory import breakdown
+from .model import load_model_shape
+from .settings import Assumptions, Setting, Workload
+
+
+class PlanDoesNotFit(UserError):
+    """A run whose plan needs more memory than its card holds."""
+
+
+def run_setting(args: Any) -> Setting:
+    """The setting a run's training arguments ask for (GaudiTrainingArguments' field names)."""
+    strategy = "fsdp" if getattr(args, "fsdp", None) else getattr(args, "distribution_strategy", "ddp")
+    return Setting(
+        strategy=strategy if strategy in ("ddp", "fast_ddp", "fsdp") else "ddp",
+        context_parallel=int(getattr(args, "context_parallel_size", 1) or 1),
+        fp8=bool(getattr(args, "fp8", False)),
+        checkpointing=bool(getattr(args, "gradient_checkpointing", False)),
+        fused_loss=bool(getattr(args, "use_fused_linear_cross_entropy", False)),
+        micro_batch=int(args.per_device_train_batch_size),
+        accumulation=int(getattr(args, "gradient_accumulation_steps", 1) or 1),
+    )
+
+
+def check_run(
+    model_config: Any,
+    args: Any,
+    sequence: int,
+    card: Card,
+    world: int = 1,
+    assumptions: Assumptions | None = None,
+) -> str | None:
+    """None when the run's plan fits on ``card``, else the one line a run prints instead of an OOM minutes later."""
+    shape = load_model_shape(model_config)
+    setting = run_setting(args)
+    precision = "bf16" if getattr(args, "bf16", False) else "fp32"
+    hpu_graphs = bool(getattr(args, "use_hpu_graphs_for_training", False))
+    workload = Workload(world, 1, sequence, setting.micro_batch * setting.accumulation * world, precision, hpu_graphs)
+    memory = breakdown(shape, workload, setting, card, assumptions)
+    if memory.peak <= card.memory_gb * GB:
+        return None
+    largest = max(memory.parts().items(), key=lambda item: item[1])
+    return (
+        f"the plan says this run needs {memory.peak / GB:.1f} GB a card of {card.memory_gb:.1f} GB "
+        f"({setting.label()}, sequence {sequence}; largest part: {largest[0]} {largest[1] / GB:.1f} GB); "
+        f"`optimum-gaudi plan` lists settings that fit, or pass --ignore_plan to go on anyway."
+    )

@@ -1,0 +1,183 @@
+"""Per-card memory of one training setting, part by part, from what autograd keeps between forward and backward.
+
+Counted per rank (one process per card):
+
+- weights: float32 master weights (the optimizer steps them), plus fp8 copies of the linear weights with --fp8;
+- gradients: float32, one per weight;
+- optimizer state: AdamW's two float32 moments;
+- activations: what each decoder layer saves for its backward, per token (``layer_activation_bytes``), for the
+  tokens this rank holds (micro-batch x sequence / context-parallel degree); with gradient checkpointing only
+  each layer's input, plus one layer recomputed;
+- logits/loss: the [tokens, vocabulary] logits, their float32 log-softmax and its gradient; with the fused loss
+  only one chunk of them and the output layer's gradient, computed in the forward;
+- communication buffers: DDP's gradient buckets (a Gaudi's gradients are views into them) and on a CPU gloo's
+  working copy of one bucket, fast_ddp's fused buffer, FSDP's gathered layers;
+- workspace: on a CPU, what a training process holds beyond the tensors (math libraries' buffers, the heap's kept
+  blocks), calibrated on this machine; on a card it is part of the reserve;
+- runtime reserve: the runtime's own memory (an assumption, settings.Assumptions).
+
+Peak: gradients are freed before each step (Trainer's ``zero_grad(set_to_none=True)``), so with one micro-batch
+a step and gradients that are not bucket views the activations and the full gradients never live together: the
+peak is the larger of the backward's start (activations, logits, the output layer's gradient) and its end (all
+gradients). With accumulation, or gradients living in DDP's buckets, they add up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .hardware import GB, Card
+from .model import ModelShape
+from .settings import Assumptions, Setting, Workload
+
+FP32 = 4
+DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP's default bucket_cap_mb, which the CPU device keeps (devices/cpu.py)
+CHUNK_ELEMENTS = 1 << 26  # the fused loss's logits chunk (features/linear_cross_entropy.py's CHUNK_ELEMENTS)
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Bytes per card, part by part; ``peak`` is what must fit (see the module docstring for how parts overlap)."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    logits: float
+    communication: float
+    workspace: float
+    reserve: float
+    peak: float
+
+    def parts(self) -> dict[str, float]:
+        return {
+            "weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
+            "activations": self.activations, "logits/loss": self.logits, "comm buffers": self.communication,
+            "workspace": self.workspace, "reserve": self.reserve,
+        }  # fmt: skip
+
+    @property
+    def training(self) -> float:
+        """The peak less the runtime's reserve: what the training itself holds (measured on CPU as peak RSS less
+        the process's resident set before the model was built)."""
+        return self.peak - self.reserve
+
+
+def _element_bytes(workload: Workload, setting: Setting) -> tuple[int, int]:
+    """(bytes of a saved matmul output, bytes of a saved linear input): bf16 autocast saves its casts in bf16,
+    fp8 saves the linear layers' inputs in fp8."""
+    if workload.precision == "fp32":
+        return FP32, FP32
+    return 2, 1 if setting.fp8 else 2
+
+
+def layer_activation_bytes(shape: ModelShape, workload: Workload, setting: Setting) -> float:
+    """Bytes one decoder layer saves for its backward, per token. The residual stream and the norms stay in float32
+    (float32 weights); under autocast every linear layer saves its own low-precision cast of its input, so a norm
+    feeding three projections saves three casts, where float32 training saves the norm's output once."""
+    out, lin = _element_bytes(workload, setting)
+    h, i, q, kv = shape.hidden, shape.intermediate, shape.q_width, shape.kv_width
+    fp32 = workload.precision == "fp32"
+
+    def norm_output(consumers: int) -> float:  # the normalised input a linear layer saves
+        return FP32 * h if fp32 else consumers * lin * h
+
+    own_copy = lin if setting.fp8 else 0  # an fp8 linear layer saves its own cast; others save SDPA's output itself
+    if shape.family == "gpt2":
+        # LayerNorm saves its input; c_attn's input, q/k/v (one tensor), SDPA's output (a view feeds c_proj); ln_2,
+        # c_fc's input, then GPT-2's gelu_new, written out in Python: its input, tanh's output, 1 + tanh,
+        # input / 2, and the product c_proj saves (dropout not counted: a byte-per-element mask where it is on)
+        attention = FP32 * h + norm_output(1) + out * 3 * h + out * h + own_copy * h
+        mlp = FP32 * h + norm_output(1) + out * 4 * i + lin * i
+        return attention + mlp
+    # Llama-like: RMSNorm saves its float32 input and normalised value; q/k/v's inputs, rotated q and k, v, SDPA's
+    # output; norm, gate/up inputs, gate and up outputs, SiLU(gate), down_proj's input
+    norm = 2 * FP32 * h
+    attention = norm + norm_output(3) + out * (q + 2 * kv) + out * q + own_copy * q
+    mlp = norm + norm_output(2) + out * 3 * i + lin * i
+    return attention + mlp
+
+
+def tokens_per_rank(workload: Workload, setting: Setting) -> int:
+    return setting.micro_batch * workload.sequence // setting.context_parallel
+
+
+def activation_bytes(shape: ModelShape, workload: Workload, setting: Setting) -> float:
+    """Everything the layers and the final norm save for the backward on one rank."""
+    tokens = tokens_per_rank(workload, setting)
+    layer = layer_activation_bytes(shape, workload, setting)
+    _, lin = _element_bytes(workload, setting)
+    norm = (1 if shape.family == "gpt2" else 2) * FP32 * shape.hidden
+    final_norm = norm + (FP32 if workload.precision == "fp32" else lin) * shape.hidden
+    if setting.checkpointing:  # each layer's float32 input kept, one layer's activations recomputed at a time
+        return tokens * (shape.layers * FP32 * shape.hidden + layer + final_norm)
+    return tokens * (shape.layers * layer + final_norm)
+
+
+def logits_bytes(shape: ModelShape, workload: Workload, setting: Setting) -> float:
+    """The loss's peak: full logits, or one chunk of them and the output layer's float32 gradient (fused)."""
+    tokens = tokens_per_rank(workload, setting)
+    if setting.fused_loss:
+        out, _ = _element_bytes(workload, setting)
+        chunk = min(tokens, max(1, CHUNK_ELEMENTS // shape.vocab))
+        # the float32 logits buffer, its gradient's cast to the compute dtype (none in float32: the buffer itself),
+        # the hidden states' gradient, the head's float32 gradient
+        cast = 0 if out == FP32 else out
+        return chunk * shape.vocab * (FP32 + cast) + tokens * shape.hidden * out + FP32 * shape.vocab * shape.hidden
+    # at the start of the backward: float32 log-softmax output, its incoming gradient and the gradient it makes
+    return tokens * shape.vocab * 3 * FP32
+
+
+def breakdown(
+    shape: ModelShape, workload: Workload, setting: Setting, card: Card, assumptions: Assumptions | None = None
+) -> Breakdown:
+    """Per-card bytes of training ``shape`` with ``setting`` on ``card``."""
+    assumptions = assumptions or Assumptions()
+    n = shape.parameters()
+    world = workload.world
+    dp_shards = world if setting.strategy == "fsdp" else 1
+    low = FP32 if workload.precision == "fp32" else 2
+
+    weights = FP32 * n / dp_shards
+    if setting.fp8:  # fp8 copies of the linear weights (and their transposes) beside the float32 ones
+        weights += 2 * shape.layers * shape.layer_parameters() / dp_shards
+    gradients = FP32 * n / dp_shards
+    optimizer = 2 * FP32 * n / dp_shards
+    activations = activation_bytes(shape, workload, setting)
+    logits = logits_bytes(shape, workload, setting)
+    head_gradient = 0.0 if setting.fused_loss else FP32 * shape.vocab * shape.hidden / dp_shards
+
+    bucket_views = card.kind == "hpu" and setting.strategy == "ddp"  # devices/hpu.py: gradient_as_bucket_view
+    communication = 0.0
+    if world > 1 and setting.strategy == "ddp" and not bucket_views:
+        communication = FP32 * n  # DDP's buckets, beside the gradients
+        if card.kind == "cpu":  # gloo reduces through a working copy of a bucket (HCCL and NCCL on the card)
+            communication += min(FP32 * n, DDP_BUCKET_BYTES)
+    elif world > 1 and setting.strategy == "fast_ddp":
+        communication = (2 if card.kind == "hpu" else FP32) * n  # the fused buffer: bf16 on a Gaudi, else float32
+    elif setting.strategy == "fsdp":
+        layer = shape.layer_parameters()
+        unsharded = shape.embedding_parameters() + shape.head_parameters()  # the root unit, kept gathered
+        # two layers gathered (one prefetched) in the compute dtype, one layer's unsharded float32 gradient
+        communication = unsharded * low + 2 * layer * low + FP32 * layer
+
+    if card.kind == "hpu" and workload.hpu_graphs:
+        activations *= 1 + assumptions.hpu_graph_fraction.value
+
+    if assumptions.reserve_gb is not None:
+        reserve = assumptions.reserve_gb.value * GB
+    elif card.kind == "hpu":
+        reserve = assumptions.reserve_fraction_hpu.value * card.memory_gb * GB
+    elif card.kind == "cuda":
+        reserve = assumptions.reserve_gb_cuda.value * GB
+    else:
+        reserve = assumptions.reserve_gb_cpu.value * GB
+
+    workspace = assumptions.workspace_gb_cpu.value * GB if card.kind == "cpu" else 0.0
+    states = weights + optimizer + communication + workspace + reserve
+    together = setting.accumulation > 1 or bucket_views
+    if together:
+        peak = states + gradients + activations + logits
+    else:
+        peak = states + max(activations + logits + head_gradient, gradients)
+    return Breakdown(weights, gradients, optimizer, activations, logits, communication, workspace, reserve, peak)

@@ -1,0 +1,193 @@
+"""The planner's arithmetic (optimum_gaudi/planning): parameter counts and saved activations against real models,
+how each setting moves the memory, which fit, the recommendation's command line. Measured runs against the
+predictions: tests/integration/planning/test_plan_against_measured_runs.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import transformers
+from support import EXAMPLES, load_example
+from tiny import gpt2_config, llama_config
+
+from optimum_gaudi.planning import (
+    Assumption,
+    Assumptions,
+    Setting,
+    Workload,
+    breakdown,
+    card,
+    load_model_shape,
+    plan,
+)
+from optimum_gaudi.planning.memory import layer_activation_bytes
+
+GB = 1e9
+SMALL = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2)  # fmt: skip
+LLAMA_70B = dict(model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                 num_attention_heads=64, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192)  # fmt: skip
+
+
+def _meta_model(config):
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(config)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        llama_config(),
+        gpt2_config(),
+        llama_config(tie_word_embeddings=True),
+        transformers.Qwen2Config(**SMALL),  # q/k/v biases
+        transformers.Qwen3Config(**SMALL, head_dim=16),  # q/k norms
+    ],
+    ids=["llama", "gpt2", "llama_tied", "qwen2", "qwen3"],
+)
+def test_the_parameter_count_is_the_models_own(config):
+    model = _meta_model(config)
+    assert load_model_shape(config).parameters() == sum(p.numel() for p in model.parameters())
+
+
+def _saved_bytes(model, layer, batch: int, sequence: int) -> int:
+    """Bytes of the distinct tensors (parameters left out) autograd saves for one layer's backward, float32."""
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    hidden = torch.randn(batch, sequence, model.config.hidden_size, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        if hasattr(model, "model"):  # Llama: the rotary tables come from the model
+            positions = torch.arange(sequence)[None]
+            rotary = model.model.rotary_emb(hidden, positions)
+            layer(hidden, position_embeddings=rotary, attention_mask=None, position_ids=positions)
+        else:
+            layer(hidden)
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_layers_activations_are_what_autograd_saves(family):
+    """The formula against the tensors autograd really keeps (float32, SDPA): within 3% (the per-token
+    statistics, SDPA's log-sum-exp and the rotary tables are left out of the formula)."""
+    torch.manual_seed(0)
+    if family == "llama":
+        config = llama_config(hidden_size=64, intermediate_size=160, max_position_embeddings=64)
+        model = transformers.LlamaForCausalLM(config)
+        layer = model.model.layers[0]
+    else:
+        config = gpt2_config(n_embd=64, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        model = transformers.GPT2LMHeadModel(config)
+        layer = model.transformer.h[0]
+    model.set_attn_implementation("sdpa")
+    model.train()
+    batch, sequence = 2, 32
+    measured = _saved_bytes(model, layer, batch, sequence)
+    predicted = layer_activation_bytes(load_model_shape(config), Workload(precision="fp32"), Setting())
+    assert predicted * batch * sequence == pytest.approx(measured, rel=0.03)
+
+
+def _memory(setting: Setting, world: int = 8, sequence: int = 2048, name: str = "gaudi2"):
+    workload = Workload(cards=world, sequence=sequence, global_batch=world * setting.micro_batch * setting.accumulation)
+    return breakdown(load_model_shape(llama_config(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                                                   num_attention_heads=16, num_key_value_heads=4, vocab_size=32000)),
+                     workload, setting, card(name))  # fmt: skip
+
+
+def test_each_setting_moves_the_part_it_should():
+    base = _memory(Setting("ddp", micro_batch=2))
+    fsdp = _memory(Setting("fsdp", micro_batch=2))
+    assert fsdp.optimizer == pytest.approx(base.optimizer / 8) and fsdp.weights == pytest.approx(base.weights / 8)
+    assert fsdp.communication > 0 and base.communication == 0  # a Gaudi's DDP gradients are its buckets
+    assert _memory(Setting("ddp", micro_batch=2), name="h100").communication == pytest.approx(base.gradients)
+    cp = _memory(Setting("ddp", context_parallel=2, micro_batch=2))
+    assert cp.activations == pytest.approx(base.activations / 2) and cp.logits == pytest.approx(base.logits / 2)
+    ckpt = _memory(Setting("ddp", checkpointing=True, micro_batch=2))
+    assert ckpt.activations < base.activations / 4
+    fused = _memory(Setting("ddp", fused_loss=True, micro_batch=2))
+    assert fused.logits < base.logits / 2  # a chunk of logits, and the head gradient made in the forward
+    fp8 = _memory(Setting("ddp", fp8=True, micro_batch=2))
+    assert fp8.weights > base.weights and fp8.activations < base.activations
+    accumulated = _memory(Setting("ddp", micro_batch=1, accumulation=2))
+    assert accumulated.activations == pytest.approx(_memory(Setting("ddp", micro_batch=1)).activations)
+
+
+def test_peaks_add_up_their_parts_as_the_module_says():
+    alone = _memory(Setting("ddp", micro_batch=2), name="h100")  # gradients freed before the next forward
+    head = 4 * 32000 * 1024
+    states = alone.weights + alone.optimizer + alone.communication + alone.reserve
+    assert alone.peak == pytest.approx(states + max(alone.activations + alone.logits + head, alone.gradients))
+    together = _memory(Setting("ddp", micro_batch=1, accumulation=2), name="h100")
+    assert together.peak == pytest.approx(sum(together.parts().values()))
+
+
+def test_a_70b_llama_needs_two_gaudi2_nodes_and_the_plan_says_so():
+    """8 x 96 GB cannot hold 70B parameters' float32 weights, gradients and AdamW state (16 bytes each: 1.13 TB)."""
+    one_node = plan(LLAMA_70B, "gaudi2", cards=8, sequence=8192, global_batch=32)
+    assert one_node.recommended is None
+    two = plan(LLAMA_70B, "gaudi2", cards=8, nodes=2, sequence=8192, global_batch=32)
+    best = two.recommended
+    assert best is not None and best.setting.strategy == "fsdp" and best.memory.peak <= 96 * GB
+    assert all(c.fits == (c.memory.peak <= 96 * GB) for c in two.candidates)
+    assert best.tokens_per_second == max(c.tokens_per_second for c in two.fitting)
+
+
+def test_assumptions_are_stated_and_can_be_set():
+    for field in dataclasses.fields(Assumptions):
+        value = getattr(Assumptions(), field.name)
+        assert value is None or value.source
+    cheap = plan(LLAMA_70B, "gaudi2", cards=8, nodes=2, sequence=8192, global_batch=32)
+    costly = plan(LLAMA_70B, "gaudi2", cards=8, nodes=2, sequence=8192, global_batch=32,
+                  assumptions=Assumptions(reserve_gb=Assumption(20, "test"), mfu=Assumption(0.7, "test")))  # fmt: skip
+    assert costly.candidates[0].memory.reserve == 20 * GB != cheap.candidates[0].memory.reserve
+    assert costly.candidates[0].tokens_per_second > cheap.candidates[0].tokens_per_second
+
+
+def test_fp8_is_weighed_only_on_cards_that_have_it():
+    assert any(c.setting.fp8 for c in plan(LLAMA_70B, "h100", cards=8, nodes=2, sequence=4096).candidates)
+    assert not any(c.setting.fp8 for c in plan(LLAMA_70B, "a100-80gb", cards=8, nodes=2, sequence=4096).candidates)
+
+
+@pytest.mark.parametrize("name", ["gaudi2", "Gaudi 3", "A100-80GB", "a100_40gb", "H100", "h200", "cpu"])
+def test_cards_are_found_by_forgiving_names(name):
+    found = card(name)
+    assert found.memory_gb > 0 and found.source
+
+
+def test_the_recommended_command_parses_with_run_clms_own_arguments(tmp_path):
+    """Every flag of the pasted command is one run_clm.py knows (its argument groups' parser)."""
+    result = plan(LLAMA_70B, "gaudi2", cards=8, nodes=2, sequence=8192, global_batch=32)
+    command = result.command("meta-llama/Llama-3.1-70B", str(tmp_path)).split()
+    script = command.index("examples/language-modeling/run_clm.py")
+    assert command[:script] == ["optimum-gaudi", "launch", "--world_size", "8", "--nnodes", "2"]
+    clm = load_example(EXAMPLES / "language-modeling" / "run_clm.py")
+    parser = transformers.HfArgumentParser((clm.ModelArguments, clm.DataTrainingArguments,
+                                            clm.GaudiTrainingArguments))  # fmt: skip
+    namespace, unknown = parser.parse_known_args(command[script + 1 :])
+    assert unknown == []
+    assert namespace.block_size == 8192 and namespace.fsdp == "full_shard" and namespace.use_habana
+    data_parallel = 16 // namespace.context_parallel_size
+    assert namespace.per_device_train_batch_size * namespace.gradient_accumulation_steps * data_parallel == 32
+
+
+def test_a_runs_own_arguments_are_checked_against_its_card():
+    """Issue 48's second point, the arithmetic: a run's arguments on its card, one line when they do not fit."""
+    from optimum_gaudi import GaudiTrainingArguments
+    from optimum_gaudi.planning import check_run
+
+    config = dict(LLAMA_70B, num_hidden_layers=8)  # 7.9B parameters
+    args = GaudiTrainingArguments(output_dir="unused", per_device_train_batch_size=1, bf16=True, report_to="none")
+    gaudi2 = card("gaudi2")
+    message = check_run(config, args, sequence=4096, card=gaudi2, world=8)
+    assert message.startswith("the plan says this run needs ") and "--ignore_plan" in message
+    assert "\n" not in message and "largest part: optimizer" in message
+    sharded = dataclasses.replace(args, fsdp="full_shard", gradient_checkpointing=True)
+    assert check_run(config, sharded, sequence=4096, card=gaudi2, world=8) is None
