@@ -279,8 +279,8 @@ SECTIONS = {
     "fused_loss": fused_loss_section,
     "distributed": distributed_section,
     "fsdp": fsdp_section,
-    "fsdp_cpu_time": fsdp_cpu_time_section,
-    "plan": plan_section,  # about 10 minutes on 2 cores: not a default section
+    "fsdp_cpu_time": fsdp_cpu_time_section,  # about 10 minutes on 2 cores: not a default section
+    "plan": plan_section,
     "allreduce": allreduce_section,
     "context_parallel": context_parallel_section,
     "gpu": gpu_section,
