@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..errors import UserError
@@ -191,32 +192,68 @@ def check_fp8_under_fsdp(plan: Any) -> None:
 
 
 # torch 2.8 added it (FSDPModule.set_force_sum_reduction_for_comms); before it FSDP2 reduce-scatters float32 and bf16
-# gradients with ReduceOp.AVG and has no switch.
+# gradients with ReduceOp.AVG and has no switch, but each unit's parameter group passes the op it holds
+# (`reduce_scatter_reduce_op`, what torch's own set_reduce_scatter_divide_factor sets, 2.6+) to the reduce-scatter
+# as it is: SUM there, and the mean's division done on the loss's gradient (GradientDivisor), is what torch 2.6 and
+# 2.7 (Gaudi software 1.20-1.22) take.
 _SUM_SWITCH = "set_force_sum_reduction_for_comms"
+_OP_OF_THE_GROUP = "set_reduce_scatter_divide_factor"  # came with the group's op: whether the group carries one
 
 
 def check_sum_reductions(device: Any) -> None:
-    """FSDP2 on a device whose collectives only sum needs torch's switch to sum and divide: without it the first
+    """FSDP2 on a device whose collectives only sum needs a way to reduce gradients with SUM: without it the first
     backward fails inside the reduce-scatter. One line when the trainer is built instead."""
     if device.collectives_average:
         return
     from torch.distributed.fsdp import FSDPModule
 
-    if not hasattr(FSDPModule, _SUM_SWITCH):
+    if not (hasattr(FSDPModule, _SUM_SWITCH) or hasattr(FSDPModule, _OP_OF_THE_GROUP)):
         raise FsdpConfigError(
             f"--fsdp on {device.type.upper()}: its collectives take no ReduceOp.AVG, and this torch "
-            f"({torch.__version__}) has no FSDPModule.{_SUM_SWITCH} to reduce gradients with SUM; use torch >= 2.8 "
-            "or train without --fsdp."
+            f"({torch.__version__}) cannot reduce FSDP2's gradients with SUM; use torch >= 2.6 or train without --fsdp."
         )
 
 
 def reduce_with_sum(model: nn.Module) -> int:
-    """Every FSDP2 unit of ``model`` reduces its gradients with SUM, then divides by the world size (torch's
-    pre/post-divide factors), as the data-parallel mean: the same gradients as AVG, in collectives a device
-    without AVG runs (HCCL). The number of units switched."""
+    """Every FSDP2 unit of ``model`` reduces its gradients with SUM, as the data-parallel mean in collectives a
+    device without AVG runs (HCCL). With torch's switch (2.8+) torch divides by the world size itself (its
+    pre/post-divide factors) and this returns 1; before it, each unit's group sums and this returns the divisor
+    the loss's gradient takes (GradientDivisor), the same mean."""
     from torch.distributed.fsdp import FSDPModule
 
     units = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    if hasattr(FSDPModule, _SUM_SWITCH):
+        for unit in units:
+            getattr(unit, _SUM_SWITCH)(True)
+        return 1
+    sizes = set()
     for unit in units:
-        getattr(unit, _SUM_SWITCH)(True)
-    return len(units)
+        group = unit._get_fsdp_state()._fsdp_param_group
+        if group is None:  # a unit that holds no parameter of its own
+            continue
+        if getattr(group, "_is_hsdp", False):  # its all-reduce across replicas averages too
+            raise FsdpConfigError(
+                f"--fsdp with replicated shards (HSDP) on a device without ReduceOp.AVG needs torch >= 2.8 (this is "
+                f"torch {torch.__version__}); shard over every rank."
+            )
+        group.reduce_scatter_reduce_op = dist.ReduceOp.SUM
+        sizes.add(group.mesh_info.shard_mesh_size)
+    if len(sizes) > 1:
+        raise FsdpConfigError(
+            f"--fsdp units sharded over different world sizes {sorted(sizes)}: shard over every rank."
+        )
+    return sizes.pop() if sizes else 1
+
+
+class GradientDivisor(torch.autograd.Function):
+    """The loss as it is, its gradient divided: every gradient of the backward comes out divided, as FSDP2's AVG
+    would leave them after a SUM reduce-scatter (torch < 2.8). The logged loss is unchanged."""
+
+    @staticmethod
+    def forward(ctx: Any, loss: torch.Tensor, divisor: int) -> torch.Tensor:
+        ctx.divisor = divisor
+        return loss.view_as(loss)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad / ctx.divisor, None

@@ -15,7 +15,6 @@ from .memory import breakdown
 from .model import load_model_shape
 from .settings import Assumptions, Setting, Workload
 
-
 # How far a prediction may be off a measured peak (docs/benchmarks.md: within 15% on 10 of 12 CPU settings, 17% at
 # worst): a run is stopped only where its plan exceeds the card by more than that.
 TOLERANCE = 0.17

@@ -40,6 +40,7 @@ from ..configuration.gaudi_config import GaudiConfig
 from ..distributed import full_weights
 from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadcast_parameters, unwrap_the_marker_too
 from ..distributed.fsdp import (
+    GradientDivisor,
     check_fp8_under_fsdp,
     check_fsdp_arguments,
     check_sum_reductions,
@@ -214,6 +215,7 @@ class GaudiTrainerMixin(TrainerShims):
         self._static_rows = self._select_static_rows(args)
         self._unused: list[nn.Parameter] | None = None  # under training graphs that zero them: found at step 1
         self._summing: nn.Module | None = None  # the FSDP2 model last told to reduce with SUM (a device without AVG)
+        self._gradient_divisor = 1  # what the loss's gradient is divided by where FSDP2 sums for AVG (torch < 2.8)
         self._throughput = Throughput(args.throughput_warmup_steps)
         self.callback_handler = InternalCallbackHandler.adopt(self.callback_handler, [_LoopHooks(self)])
         profiler = GaudiProfilerCallback.from_training_args(args)
@@ -464,7 +466,8 @@ class GaudiTrainerMixin(TrainerShims):
         rows = find_batch_size(inputs)
         self._throughput.count_batch(inputs, rows)
         if self.is_fsdp_enabled and not self.gaudi_device.collectives_average and self._summing is not model:
-            reduce_with_sum(model)  # fully_shard ran in accelerator.prepare; the first reduce-scatter is ahead
+            # fully_shard ran in accelerator.prepare; the first reduce-scatter is ahead
+            self._gradient_divisor = reduce_with_sum(model)
             self._summing = model
         if (
             self._unused is None
@@ -507,10 +510,17 @@ class GaudiTrainerMixin(TrainerShims):
         """--use_fused_linear_cross_entropy: a training step's loss from the hidden states, without the logits
         (features/linear_cross_entropy.py); evaluation computes the model's own logits and loss."""
         if not (self._fused_loss and model.training and "labels" in inputs):
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        fused = self._prepare_fused_loss(self.accelerator.unwrap_model(model, keep_torch_compile=False))
-        with fused.step() if fused is not None else contextlib.nullcontext():
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            found = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        else:
+            fused = self._prepare_fused_loss(self.accelerator.unwrap_model(model, keep_torch_compile=False))
+            with fused.step() if fused is not None else contextlib.nullcontext():
+                found = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        if self._gradient_divisor == 1 or not model.training:
+            return found
+        # FSDP2 summed the gradients for a device without AVG on a torch without its switch (distributed/fsdp.py)
+        if return_outputs:
+            return GradientDivisor.apply(found[0], self._gradient_divisor), found[1]
+        return GradientDivisor.apply(found, self._gradient_divisor)
 
     def _find_unused_parameters(self, model: nn.Module, inputs: dict[str, Any]) -> list[nn.Parameter]:
         """The trainable parameters one eager forward of this batch does not reach (features/unused_parameters.py);

@@ -45,11 +45,13 @@ def _library() -> Path:
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
     include = Path(torch.__file__).parent / "include"
     lib = Path(torch.__file__).parent / "lib"
+    major, minor = torch.__version__.split(".")[:2]
+    release = int(major) * 100 + int(minor)  # the source adapts to the interfaces of torch 2.6 (206) and later
     fd, partial = tempfile.mkstemp(suffix=".so", dir=BUILD_DIR)
     os.close(fd)
     command = [
         os.environ.get("CXX", "g++"), "-shared", "-fPIC", "-O1", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", str(SOURCE),
+        f"-DTORCH_RELEASE={release}", f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", str(SOURCE),
         f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}", "-o", partial,
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True)

@@ -161,6 +161,25 @@ def test_fsdp_on_two_simulated_gaudis_saves_sharded_checkpoints_and_resumes(two_
     assert {"model.safetensors", "config.json", "gaudi_config.json"} <= set(final["files"]) and final["equal"] is True
 
 
+def test_fsdp_sums_for_avg_as_ddp_on_two_simulated_gaudis_on_every_torch(tmp_path):
+    """HCCL takes no ReduceOp.AVG. torch 2.8+ sums and divides with FSDPModule.set_force_sum_reduction_for_comms;
+    torch 2.6 and 2.7 (Gaudi software 1.20-1.22) have no such switch, so each unit's group sums and the loss's
+    gradient is divided by the world size, the same mean (make test-compat-torch runs this on both). Fused AdamW,
+    clipping that bites and two micro-batches a step: the losses and gradient norms DDP's."""
+    path = os.pathsep.join(filter(None, [FAKES, os.environ.get("PYTHONPATH")]))
+    env = {"PYTHONPATH": path, "FAKE_HPU_DEVICE": "1", "FAKE_HPU_DEVICE_COUNT": "2", "FAKE_HPU_SOFTWARE": "1.21"}
+    env.update(FAKE_HPU_CALL_LOG=str(tmp_path / "simulator.json"))
+    ranks = torchrun(tmp_path, "fsdp,ddp", ["fused"], **env)
+    issued = {census.key(entry) for entry in census.check(tmp_path / "simulator.json", range(2))}
+    assert ("FSDP2", "reduce_scatter_tensor", "SUM", "float32") in issued
+    for rank in (0, 1):
+        fsdp, ddp = ranks[rank]["fsdp"]["fused"], ranks[rank]["ddp"]["fused"]
+        assert "FSDPLlamaDecoderLayer" in fsdp["sharded_modules"]
+        assert fsdp["losses"] == pytest.approx(ddp["losses"], abs=EXACT)
+        assert fsdp["grad_norms"] == pytest.approx(ddp["grad_norms"], rel=1e-4)
+        assert min(fsdp["grad_norms"]) > 10 * 0.05  # clipped at every step
+
+
 def test_fp8_scaling_state_is_each_ranks_own_and_resumed_exactly_on_two_simulated_gaudis(two_simulated_gaudis):
     """optimum-habana's recipe (reduce_amax=False): each card keeps its own amax history; every rank saves its own
     into the checkpoint and loads its own, so the resumed run's losses and each rank's histories equal the

@@ -102,13 +102,13 @@ struct OneDeviceGuard final : c10::impl::DeviceGuardImplInterface {
   void uncheckedSetDevice(c10::Device d) const noexcept override {
     if (d.index() != 0) TORCH_WARN("habana active device: ", d.index(), " != 0");
   }
-  c10::Stream getStream(c10::Device d) const override {
+  c10::Stream getStream(c10::Device d) const noexcept override {  // noexcept in torch 2.6's interface
     return c10::Stream(c10::Stream::DEFAULT, d.has_index() ? d : current());
   }
   c10::Stream getDefaultStream(c10::Device d) const override { return getStream(d); }
   c10::Stream getNewStream(c10::Device d, int) const override { return getStream(d); }
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override { return getStream(d); }
-  c10::Stream exchangeStream(c10::Stream s) const override { return getStream(current()); }
+  c10::Stream exchangeStream(c10::Stream s) const noexcept override { return getStream(current()); }
   c10::DeviceIndex deviceCount() const noexcept override { return 1; }  // HPUGuardImpl.h
   // Work is synchronous: events are always complete and there is nothing to wait for.
   void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
@@ -132,8 +132,10 @@ struct HPUHooks final : at::HPUHooksInterface {
   HPUHooks(at::HPUHooksArgs) {}
   void init() const override {}
   bool hasHPU() const override { return true; }
+#if TORCH_RELEASE >= 207  // the accelerator hooks' isBuilt / isAvailable came with torch 2.7
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return true; }
+#endif
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
   // One device in the process (the bridge's own hooks, HPUHooksInterface.cpp, answer every device query from
   // its guard, HPUGuardImpl.h).
@@ -158,6 +160,7 @@ REGISTER_HPU_HOOKS(HPUHooks);
 // HPU and cuda."). torch creates its CUDA hooks object while torch._C loads, before any plugin, so the simulated
 // plugin makes that object the default interface in place (its dynamic type: both classes hold no data): every
 // query then answers as a CPU build's. A test double's stand-in, nothing of the bridge.
+#if TORCH_RELEASE >= 207  // torch 2.6 asks whether CUDA devices exist, not whether CUDA is built: no refusal
 struct CPUBuildCUDAHooks final : at::CUDAHooksInterface {};
 struct StandAsACPUBuild {
   StandAsACPUBuild() {
@@ -168,6 +171,7 @@ struct StandAsACPUBuild {
     std::memcpy(static_cast<void*>(&hooks), static_cast<void*>(&cpu_build), sizeof(void*));  // the vtable
   }
 } stand_as_a_cpu_build;
+#endif
 }  // namespace at
 
 namespace {
