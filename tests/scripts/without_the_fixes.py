@@ -1,4 +1,4 @@
-"""Each fix of issues 20, 37, 38 and 39 matters: its test fails without it. For each fix the script undoes it with a
+"""Each fix of issues 20, 37, 38, 39 and 46 matters: its test fails without it. For each fix the script undoes it with a
 small edit of the package, runs the test written for it (in a pytest process on the simulated hpu device where the
 test is of the HPU path), expects a failure, and puts the file back.
 
@@ -195,6 +195,12 @@ UNDOS = (
                                          '        inner = model\n        seam = Seam.of(inner, "forward")\n'),),
          ("integration/distributed/test_fast_ddp.py::"
           "test_hpu_graphs_go_on_the_model_once_whatever_wraps_it_on_two_simulated_gaudis",), device=False),
+    # issue 46: host groups beside an hccl default group never take the timeout hccl dropped
+    Undo("host-groups-beside-hccl", "46.1", (("optimum_gaudi/distributed/host_group.py",
+                                              "            if _backend_of(world, device) not in TIMED_BACKENDS:\n"
+                                              "                continue\n", ""),),
+         ("unit/distributed/test_parallel_layout.py::"
+          "test_host_groups_wait_the_runs_timeout_not_what_an_hccl_default_group_holds",), device=False),
 )  # fmt: skip
 
 
