@@ -67,7 +67,7 @@ from .checkpoint_size import check_room_for_a_checkpoint
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .events import InternalCallbackHandler
 from .internals import check_internals
-from .nonfinite import NonFiniteGuard
+from .nonfinite import IGNORE, NonFiniteGuard
 from .preemption import Preemption, exit_after_checkpoint
 from .stragglers import Stragglers
 from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin, check_report_to
@@ -730,7 +730,7 @@ class GaudiTrainerMixin(TrainerShims):
             totals = getattr(self, "_run_totals", None)
             if self.args.should_save and totals is not None and saved.is_dir():
                 (saved / RUN_TOTALS_FILE).write_text(json.dumps(totals, indent=1), encoding="utf-8")
-            if self.args.should_save and saved.is_dir():
+            if self.args.should_save and saved.is_dir() and self.args.on_nonfinite != IGNORE:
                 (saved / FINITE_MARKER).write_text('{"checked": true}', encoding="utf-8")  # checked above
         if self.state.global_step >= self.state.max_steps:
             writes.wait()
@@ -739,7 +739,9 @@ class GaudiTrainerMixin(TrainerShims):
         """A checkpoint whose weights hold a NaN or inf is not written: it would rotate out the last finite one, and
         resuming would train on from garbage. Every rank checks its own weights; where they are sharded (FSDP,
         DeepSpeed) the ranks agree (a save is collective, every rank is here); one line says which checkpoint was
-        left out."""
+        left out. ``--on_nonfinite ignore``: written unchecked, as transformers writes it."""
+        if self.args.on_nonfinite == IGNORE:
+            return False
         bad = first_nonfinite(self.accelerator.unwrap_model(model).named_parameters())
         flag = torch.tensor([0.0 if bad is None else 1.0])
         sharded = self.is_fsdp_enabled or self.is_deepspeed_enabled  # else every rank holds the same weights

@@ -279,7 +279,9 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
         metadata={
             "help": "A NaN or inf loss or gradient norm: 'stop' the run at once with one line (step, rank, which), "
             "or 'skip' the step (optimizer, scheduler and gradient scaler untouched), at most --max_nonfinite_skips "
-            "times in a row. Checkpoints whose weights hold a NaN or inf are never written."
+            "times in a row; checkpoints whose weights hold a NaN or inf are then never written. 'ignore': "
+            "transformers' own behaviour (training goes on, the loss is logged as it is). Steps fp16's gradient "
+            "scaler skips for overflowing are left to it."
         },
     )
     max_nonfinite_skips: int = field(
@@ -504,6 +506,10 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
         for name in ("loss_spike_factor", "straggler_threshold"):
             if not getattr(self, name) >= 0:
                 fail(f"--{name} must be >= 0 (0: off), got {getattr(self, name)}.")
+        if self.loss_spike_factor and self.on_nonfinite == "ignore":
+            fail(
+                "--loss_spike_factor handles a spike as --on_nonfinite says, and 'ignore' does nothing: use stop or skip."
+            )
         if 0 < self.loss_spike_factor <= 1:
             fail(f"--loss_spike_factor {self.loss_spike_factor} would catch ordinary steps: give a factor > 1, or 0.")
 
