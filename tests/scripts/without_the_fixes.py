@@ -201,6 +201,11 @@ UNDOS = (
                                               "                continue\n", ""),),
          ("unit/distributed/test_parallel_layout.py::"
           "test_host_groups_wait_the_runs_timeout_not_what_an_hccl_default_group_holds",), device=False),
+    # issue 46: a step fp16's gradient scaler skips for an overflow is left to it
+    Undo("nonfinite-scaler-overflow", "46.6", (("optimum_gaudi/trainers/nonfinite.py",
+                                                "            if self._scaler_found_inf():", "            if False:"),),
+         ("unit/trainers/test_nonfinite.py::test_steps_the_gradient_scaler_skips_for_an_overflow_are_left_to_it",),
+         device=False),
 )  # fmt: skip
 
 
