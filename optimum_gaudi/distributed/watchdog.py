@@ -20,6 +20,11 @@ torch.distributed frame of its main thread) to ``<output_dir>/hang-<time>/rank<N
 restarts it, and the restarted job resumes from the newest complete checkpoint. A stopped rank on the same host
 is continued (SIGCONT) so that it writes its own stacks; the agent kills whatever is left.
 
+A step that may compile for minutes outside torch.compile's callbacks (on a Gaudi: the first steps of each process
+and steps with new input shapes) is watched, not paused: its limit is :data:`COMPILE_LIMIT_SECONDS` at least, and
+the ranks waiting for it wait that long, so a compile of ten minutes never fires and a stall in such a step still
+does, after the compile limit.
+
 Store calls go through a thread of their own with a time limit: the store's own timeout does not cover a server
 that stopped answering (the process holding it was stopped), and the watchdog must still decide then.
 """
@@ -55,6 +60,7 @@ AUTO_PAUSE_FACTOR = 2.0  # ... nor below twice the slowest save or evaluation se
 FINISHED = "the end of training"  # a rank's last heartbeat
 CONTINUED_REPORT_SECONDS = 10.0  # a stopped rank, continued, writes its stacks within this
 STORE_CALL_SECONDS = 10.0  # a store call taking longer: the process holding the store stopped answering
+COMPILE_LIMIT_SECONDS = 1800.0  # the least limit of a step that may compile (a Gaudi's compiles take minutes)
 
 
 def auto_limit(slowest_step: float, slowest_pause: float, floor: float = AUTO_FLOOR_SECONDS) -> float:
@@ -72,6 +78,7 @@ class Beat:
     paused: str | None
     pid: int
     host: str
+    compiling: bool = False  # in a step that may compile: watched with the compile limit
 
 
 class StoreGone(Exception):
@@ -140,6 +147,7 @@ class Watchdog:
         self._step_began: float | None = None
         self._pause_began: float | None = None
         self._armed = False  # after the first step
+        self._compiling: str | None = None  # this step may compile (until it ends): the compile limit holds
         self._armed_at = 0.0
         self.slowest_step = 0.0
         self.slowest_pause = 0.0
@@ -147,6 +155,7 @@ class Watchdog:
         self._beat = 0
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (its beat counter, when it last changed)
         self._last_paused: dict[int, str | None] = {}
+        self._last_compiling: dict[int, bool] = {}
         self._host = socket.gethostname()
 
     # ---- the training loop's side ---------------------------------------------------------------------------
@@ -156,6 +165,15 @@ class Watchdog:
         if self.fixed_limit is not None:
             return self.fixed_limit
         return auto_limit(self.slowest_step, self.slowest_pause)
+
+    @property
+    def compile_limit(self) -> float:
+        """The limit of a step that may compile."""
+        return max(self.limit, COMPILE_LIMIT_SECONDS)
+
+    def compiling(self, what: str) -> None:
+        """This step (until it ends) may compile for minutes: its limit is :attr:`compile_limit`."""
+        self._compiling = what
 
     def _hold_once_ending(self) -> None:
         """Once the job is ending, the loop must make no more progress: a stopped rank, continued to write its
@@ -182,6 +200,7 @@ class Watchdog:
                     self._paused = None
                 self._armed, self._armed_at = True, now
         self._step_began = None
+        self._compiling = None
         self._progress, self._last_progress = 2 * step, now
 
     def pause(self, what: str) -> None:
@@ -226,7 +245,7 @@ class Watchdog:
         self._stop.set()
         self._paused = FINISHED
         with contextlib.suppress(Exception):
-            beat = Beat(self._beat + 1, self._progress, _collectives(), FINISHED, os.getpid(), self._host)
+            beat = Beat(self._beat + 1, self._progress, _collectives(), FINISHED, os.getpid(), self._host, False)
             self._store("set", self._key(f"beat/{self.rank}"), json.dumps(asdict(beat)))
         self._store.close()
 
@@ -250,7 +269,8 @@ class Watchdog:
 
     def _publish(self) -> None:
         self._beat += 1
-        mine = Beat(self._beat, self._progress, _collectives(), self._paused, os.getpid(), self._host)
+        compiling = self._compiling is not None
+        mine = Beat(self._beat, self._progress, _collectives(), self._paused, os.getpid(), self._host, compiling)
         self._store("set", self._key(f"beat/{self.rank}"), json.dumps(asdict(mine)))
 
     def _tick(self) -> None:
@@ -265,10 +285,14 @@ class Watchdog:
             self._decide(beats, frozen, why, where=f"while rank {self.rank} was {_where(self._progress)}")
             return
         stalled_for = now - self._last_progress
-        if self._paused is not None or stalled_for < self.limit:
+        limit = self.compile_limit if self._compiling is not None else self.limit
+        if self._paused is not None or stalled_for < limit:
             return
-        if any(b.paused and b.progress <= self._progress for r, b in beats.items() if r != self.rank):
+        others = [b for r, b in beats.items() if r != self.rank and b.progress <= self._progress]
+        if any(b.paused for b in others):
             return  # a rank behind this one saves, evaluates or compiles: this one waits for it
+        if stalled_for < self.compile_limit and any(b.compiling for b in others):
+            return  # a rank behind this one is in a step that may compile: this one waits for it, that long
         lowest = min((beat.progress, beat.collectives) for beat in beats.values())
         behind = sorted(rank for rank, beat in beats.items() if (beat.progress, beat.collectives) == lowest)
         if len(behind) < len(beats):
@@ -299,6 +323,7 @@ class Watchdog:
             if seen is None or seen[0] != beat.beat:
                 self._seen[rank] = (beat.beat, now)
             self._last_paused[rank] = beat.paused
+            self._last_compiling[rank] = beat.compiling
         return beats
 
     def _frozen(self, rank: int, now: float) -> bool:
@@ -308,7 +333,8 @@ class Watchdog:
         seen = self._seen.get(rank)
         if seen is None:
             return self._armed and now - self._armed_at >= self.limit
-        return now - seen[1] >= self.limit and self._last_paused.get(rank) != FINISHED
+        limit = self.compile_limit if self._last_compiling.get(rank) else self.limit  # a compile may hold the GIL
+        return now - seen[1] >= limit and self._last_paused.get(rank) != FINISHED
 
     # ---- the end ----------------------------------------------------------------------------------------------
 

@@ -462,6 +462,8 @@ class GaudiTrainerMixin(TrainerShims):
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         rows = find_batch_size(inputs)
         self._throughput.count_batch(inputs, rows)
+        if self._watch is not None:
+            self._watch.note_inputs(inputs)  # before the forward: new shapes compile in it (or at its next sync)
         if self.is_fsdp_enabled and not self.gaudi_device.collectives_average and self._summing is not model:
             reduce_with_sum(model)  # fully_shard ran in accelerator.prepare; the first reduce-scatter is ahead
             self._summing = model
@@ -662,7 +664,7 @@ class GaudiTrainerMixin(TrainerShims):
         preemption = Preemption()
         self._guard = NonFiniteGuard(self)
         several = self.args.world_size > 1 and torch.distributed.is_initialized()
-        self._watch = ProgressWatch() if several and watchdog_wanted(self.args) else None
+        self._watch = ProgressWatch(self.gaudi_device) if several and watchdog_wanted(self.args) else None
         self._stragglers = Stragglers(self.args.straggler_threshold, self._layout.host_group) if several else None
         installed = [c for c in (preemption, self._guard, self._watch, self._stragglers) if c is not None]
         for callback in installed:  # in this order: the watchdog sees the save SIGTERM asks for

@@ -234,3 +234,81 @@ def test_the_default_limit_comes_from_the_runs_own_times_with_a_floor():
     assert auto_limit(0.5, 10.0) == AUTO_FLOOR_SECONDS == 60
     assert auto_limit(12.0, 10.0) == 120  # 10 x the slowest step
     assert auto_limit(1.0, 90.0) == 180  # 2 x the slowest save or evaluation
+
+
+# ---- steps that may compile (issue 46, point 3) -------------------------------------------------------------------
+
+
+def beat_of_rank_1(dog, beat: int, progress: int, compiling: bool) -> None:
+    from optimum_gaudi.distributed import watchdog
+
+    record = watchdog.Beat(beat, progress, -1, None, 1, "elsewhere", compiling)  # hccl: no collective count
+    dog._store("set", dog._key("beat/1"), json.dumps(dataclasses.asdict(record)))
+
+
+def test_a_step_that_may_compile_is_watched_with_the_compile_limit_on_every_rank(tmp_path):
+    """At default settings (a 60 s floor), a step marked compiling that takes 10 minutes never fires, on the
+    compiling rank nor on one waiting for it, and a stall in it fires once the compile limit (30 min) is over;
+    a rank whose last heartbeat said compiling may go silent that long (a compile holding the GIL)."""
+    from optimum_gaudi.distributed.watchdog import COMPILE_LIMIT_SECONDS
+
+    assert COMPILE_LIMIT_SECONDS == 1800
+    dog, _, verdicts = watchdog_pair(tmp_path, limit=None)
+    dog.step_begin(1)
+    dog.step_end(1)
+    dog.step_begin(2)
+    dog.compiling("step 2 of this process")  # rank 0 compiles; rank 1 waits in step 2 for it
+    dog._last_progress -= 600
+    beat_of_rank_1(dog, 1, 3, compiling=True)
+    dog._tick()
+    assert verdicts == []
+    dog._last_progress -= COMPILE_LIMIT_SECONDS - 600 + 1  # a stall in a compiling step: after the compile limit
+    beat_of_rank_1(dog, 2, 3, compiling=True)
+    dog._tick()
+    assert [v["ranks"] for v in verdicts] == [[0, 1]] and verdicts[0]["where"] == "in step 2"
+
+    dog, _, verdicts = watchdog_pair(tmp_path, limit=None)
+    dog.step_begin(1)
+    dog.step_end(1)
+    dog.step_begin(2)
+    dog.step_end(2)
+    dog.step_begin(3)  # rank 0 is not compiling: it waits in step 3 for rank 1, which compiles step 2
+    dog._last_progress -= 600
+    beat_of_rank_1(dog, 1, 3, compiling=True)
+    dog._tick()
+    dog._seen[1] = (1, dog._seen[1][1] - 600)  # rank 1's heartbeat silent for 10 minutes while it compiles
+    dog._tick()
+    assert verdicts == []
+    dog._last_progress -= COMPILE_LIMIT_SECONDS
+    beat_of_rank_1(dog, 2, 3, compiling=True)
+    dog._tick()
+    assert [v["ranks"] for v in verdicts] == [[1]] and verdicts[0]["where"] == "in step 2"
+
+
+def test_on_a_gaudi_the_first_three_steps_of_each_process_and_new_shapes_are_compiling_steps(tmp_path):
+    """HPUDevice: steps 1-3 of a process (a restarted one too) and a step with new input shapes and the one after
+    it (lazy mode compiles at the next sync) are compiling steps; on a device that compiles nothing outside
+    torch.compile, none is."""
+    import torch
+    from transformers import TrainerControl, TrainerState
+
+    from optimum_gaudi.devices.hpu import HPUDevice
+    from optimum_gaudi.distributed.watchdog import Watchdog
+    from optimum_gaudi.trainers.watch import ProgressWatch
+
+    def compiling_steps(device, shapes_at) -> list[int]:
+        watch = ProgressWatch(device)
+        watch.watchdog = Watchdog(FakeStore(), 0, 2, tmp_path)
+        state, control, found = TrainerState(), TrainerControl(), []
+        for step in range(1, 9):
+            watch.on_step_begin(None, state, control)
+            watch.note_inputs({"input_ids": torch.zeros(shapes_at.get(step, (4, 8)), dtype=torch.long)})
+            if watch.watchdog._compiling is not None:
+                found.append(step)
+            state.global_step = step
+            watch.on_step_end(None, state, control)
+        return found
+
+    assert compiling_steps(HPUDevice, {6: (4, 5)}) == [1, 2, 3, 6, 7]
+    assert compiling_steps(HPUDevice, {}) == [1, 2, 3]  # a restarted process compiles again
+    assert compiling_steps(None, {6: (4, 5)}) == []
