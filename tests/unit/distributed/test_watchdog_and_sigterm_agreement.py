@@ -257,13 +257,13 @@ def test_a_step_that_may_compile_is_watched_with_the_compile_limit_on_every_rank
     dog.step_begin(1)
     dog.step_end(1)
     dog.step_begin(2)
-    dog.compiling("step 2 of this process")  # rank 0 compiles; rank 1 waits in step 2 for it
+    dog.compiling("step 2 of this process")  # rank 0 compiles; rank 1, done compiling, waits in step 2 for it
     dog._last_progress -= 600
-    beat_of_rank_1(dog, 1, 3, compiling=True)
+    beat_of_rank_1(dog, 1, 3, compiling=False)
     dog._tick()
     assert verdicts == []
     dog._last_progress -= COMPILE_LIMIT_SECONDS - 600 + 1  # a stall in a compiling step: after the compile limit
-    beat_of_rank_1(dog, 2, 3, compiling=True)
+    beat_of_rank_1(dog, 2, 3, compiling=False)
     dog._tick()
     assert [v["ranks"] for v in verdicts] == [[0, 1]] and verdicts[0]["where"] == "in step 2"
 
