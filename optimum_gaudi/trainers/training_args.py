@@ -271,7 +271,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             "help": "Seconds a rank may make no progress before the job ends with every rank's stacks in "
             "<output_dir>/hang-<time>/ (restarted with optimum-gaudi launch --max_restarts). Multi-process runs only; "
             "default: 10x the slowest step, 2x the slowest save or evaluation, at least 60 s. The first step, saves, "
-            "evaluations and compilations never count. 0 turns it off."
+            "evaluations and compilations never count; on a Gaudi, steps 2-3 of each process and steps with new "
+            "input shapes get 30 minutes at least. 0 turns it off."
         },
     )
     on_nonfinite: str = field(
