@@ -20,10 +20,12 @@ torch.distributed frame of its main thread) to ``<output_dir>/hang-<time>/rank<N
 restarts it, and the restarted job resumes from the newest complete checkpoint. A stopped rank on the same host
 is continued (SIGCONT) so that it writes its own stacks; the agent kills whatever is left.
 
-A step that may compile for minutes outside torch.compile's callbacks (on a Gaudi: the first steps of each process
-and steps with new input shapes) is watched, not paused: its limit is :data:`COMPILE_LIMIT_SECONDS` at least, and
-the ranks waiting for it wait that long, so a compile of ten minutes never fires and a stall in such a step still
-does, after the compile limit.
+Nothing waits for ever, on any backend (the Gaudi bridge's HCCL groups have no timeout): the windows that may take
+long without being a stall (the first step, a save, an evaluation, a torch.compile compilation, and a step that may
+compile outside torch.compile's callbacks: on a Gaudi the first steps of each process and steps with new input
+shapes) have a limit of their own, :attr:`Watchdog.long_limit` (``--hang_long_timeout``, at least
+:data:`LONG_WINDOW_SECONDS`, and twice the slowest such pause seen), and the ranks waiting for one wait that long:
+a compile of ten minutes never fires, a rank that hangs inside a save does, after the long limit.
 
 Store calls go through a thread of their own with a time limit: the store's own timeout does not cover a server
 that stopped answering (the process holding it was stopped), and the watchdog must still decide then.
@@ -60,7 +62,7 @@ AUTO_PAUSE_FACTOR = 2.0  # ... nor below twice the slowest save or evaluation se
 FINISHED = "the end of training"  # a rank's last heartbeat
 CONTINUED_REPORT_SECONDS = 10.0  # a stopped rank, continued, writes its stacks within this
 STORE_CALL_SECONDS = 10.0  # a store call taking longer: the process holding the store stopped answering
-COMPILE_LIMIT_SECONDS = 1800.0  # the least limit of a step that may compile (a Gaudi's compiles take minutes)
+LONG_WINDOW_SECONDS = 1800.0  # the least limit of a first step, save, evaluation or compile (a Gaudi's take minutes)
 
 
 def auto_limit(slowest_step: float, slowest_pause: float, floor: float = AUTO_FLOOR_SECONDS) -> float:
@@ -131,10 +133,12 @@ class Watchdog:
         limit: float | None = None,
         name: str = "watchdog",
         serial: int = 0,
+        long_floor: float = LONG_WINDOW_SECONDS,
     ) -> None:
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self.rank, self.world_size, self.output_dir = rank, world_size, Path(output_dir)
         self.fixed_limit = limit
+        self.long_floor = long_floor
         self._prefix = f"optimum_gaudi/{name}/{restart}/{serial}"
         self._store = _Store(store)
         self._stop = threading.Event()
@@ -143,7 +147,7 @@ class Watchdog:
         # written by the training loop (plain attribute writes: no lock, no I/O on its path)
         self._progress = 0
         self._last_progress = time.monotonic()
-        self._paused: str | None = "the first step"  # its compilation never counts as a stall
+        self._paused: str | None = "the first step"  # it compiles: watched with the long limit
         self._step_began: float | None = None
         self._pause_began: float | None = None
         self._armed = False  # after the first step
@@ -167,12 +171,13 @@ class Watchdog:
         return auto_limit(self.slowest_step, self.slowest_pause)
 
     @property
-    def compile_limit(self) -> float:
-        """The limit of a step that may compile."""
-        return max(self.limit, COMPILE_LIMIT_SECONDS)
+    def long_limit(self) -> float:
+        """The limit of a window that may take long without being a stall: a pause (the first step, a save, an
+        evaluation, a compilation) or a step that may compile."""
+        return max(self.limit, self.long_floor, AUTO_PAUSE_FACTOR * self.slowest_pause)
 
     def compiling(self, what: str) -> None:
-        """This step (until it ends) may compile for minutes: its limit is :attr:`compile_limit`."""
+        """This step (until it ends) may compile for minutes: its limit is :attr:`long_limit`."""
         self._compiling = what
 
     def _hold_once_ending(self) -> None:
@@ -285,14 +290,12 @@ class Watchdog:
             self._decide(beats, frozen, why, where=f"while rank {self.rank} was {_where(self._progress)}")
             return
         stalled_for = now - self._last_progress
-        limit = self.compile_limit if self._compiling is not None else self.limit
-        if self._paused is not None or stalled_for < limit:
+        long_window = self._paused is not None or self._compiling is not None
+        if stalled_for < (self.long_limit if long_window else self.limit):
             return
         others = [b for r, b in beats.items() if r != self.rank and b.progress <= self._progress]
-        if any(b.paused for b in others):
-            return  # a rank behind this one saves, evaluates or compiles: this one waits for it
-        if stalled_for < self.compile_limit and any(b.compiling for b in others):
-            return  # a rank behind this one is in a step that may compile: this one waits for it, that long
+        if stalled_for < self.long_limit and any(b.paused or b.compiling for b in others):
+            return  # a rank behind this one saves, evaluates or compiles: this one waits for it, that long
         lowest = min((beat.progress, beat.collectives) for beat in beats.values())
         behind = sorted(rank for rank, beat in beats.items() if (beat.progress, beat.collectives) == lowest)
         if len(behind) < len(beats):
@@ -333,7 +336,7 @@ class Watchdog:
         seen = self._seen.get(rank)
         if seen is None:
             return self._armed and now - self._armed_at >= self.limit
-        limit = self.compile_limit if self._last_compiling.get(rank) else self.limit  # a compile may hold the GIL
+        limit = self.long_limit if self._last_compiling.get(rank) else self.limit  # a compile may hold the GIL
         return now - seen[1] >= limit and self._last_paused.get(rank) != FINISHED
 
     # ---- the end ----------------------------------------------------------------------------------------------
@@ -341,7 +344,9 @@ class Watchdog:
     def _store_gone(self) -> None:
         """The store stopped answering: the process holding it (rank 0 or torchrun's agent) stopped. Decide
         alone, once this rank has made no progress for the limit."""
-        if self._paused is None and time.monotonic() - self._last_progress >= self.limit:
+        long_window = self._paused is not None or self._compiling is not None
+        limit = self.long_limit if long_window else self.limit
+        if time.monotonic() - self._last_progress >= limit:
             verdict = {
                 "folder": time.strftime("hang-%Y%m%d-%H%M%S"),
                 "ranks": [0],

@@ -271,8 +271,16 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             "help": "Seconds a rank may make no progress before the job ends with every rank's stacks in "
             "<output_dir>/hang-<time>/ (restarted with optimum-gaudi launch --max_restarts). Multi-process runs only; "
             "default: 10x the slowest step, 2x the slowest save or evaluation, at least 60 s. The first step, saves, "
-            "evaluations and compilations never count; on a Gaudi, steps 2-3 of each process and steps with new "
-            "input shapes get 30 minutes at least. 0 turns it off."
+            "evaluations and compilations (on a Gaudi also steps 2-3 of each process and steps with new input "
+            "shapes) have --hang_long_timeout. 0 turns it off."
+        },
+    )
+    hang_long_timeout: float = field(
+        default=1800.0,
+        metadata={
+            "help": "Seconds at least that the first step, a save, an evaluation or a compilation may last before "
+            "the watchdog ends the job (also at least --hang_timeout's limit and twice the slowest such window "
+            "seen). HCCL groups have no timeout: on a Gaudi nothing else ends a hang there."
         },
     )
     on_nonfinite: str = field(
@@ -493,6 +501,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
     def _check_stall_flags(self, fail) -> None:
         if self.hang_timeout is not None and not self.hang_timeout >= 0:
             fail(f"--hang_timeout must be >= 0 seconds (0 turns the watchdog off), got {self.hang_timeout}.")
+        if not self.hang_long_timeout > 0:
+            fail(f"--hang_long_timeout must be > 0 seconds, got {self.hang_long_timeout}.")
         if self.on_nonfinite not in ON_NONFINITE:
             fail(f"--on_nonfinite must be one of {', '.join(ON_NONFINITE)}, got '{self.on_nonfinite}'.")
         if self.on_nonfinite == "skip" and self.deepspeed:

@@ -1,8 +1,8 @@
 """The progress watchdog (distributed/watchdog.py) on the training loop's events: on by default in multi-process
-runs (``--hang_timeout``; 0 turns it off), with the first step, saves, evaluations and torch.compile's
-compilations paused, since those may take long without being a stall. Where the device compiles outside
-torch.compile's callbacks (a Gaudi: its first steps, new input shapes), those steps are watched with the
-watchdog's compile limit, in every process the job starts (a restarted one compiles again)."""
+runs (``--hang_timeout``; 0 turns it off). The first step, saves, evaluations and torch.compile's compilations may
+take long without being a stall: they are watched with the watchdog's long limit (``--hang_long_timeout``). Where
+the device compiles outside torch.compile's callbacks (a Gaudi: its first steps, new input shapes), those steps
+are too, in every process the job starts (a restarted one compiles again)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,13 @@ class ProgressWatch(TrainerCallback):
         if store is None:
             return
         self.watchdog = Watchdog(
-            store, args.process_index, args.world_size, args.output_dir, args.hang_timeout, serial=next(_serial)
+            store,
+            args.process_index,
+            args.world_size,
+            args.output_dir,
+            args.hang_timeout,
+            serial=next(_serial),
+            long_floor=args.hang_long_timeout,
         )
         self.watchdog.start()
         _pause_during_compilation(self)

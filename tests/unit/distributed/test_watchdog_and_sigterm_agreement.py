@@ -246,13 +246,13 @@ def beat_of_rank_1(dog, beat: int, progress: int, compiling: bool) -> None:
     dog._store("set", dog._key("beat/1"), json.dumps(dataclasses.asdict(record)))
 
 
-def test_a_step_that_may_compile_is_watched_with_the_compile_limit_on_every_rank(tmp_path):
+def test_a_step_that_may_compile_is_watched_with_the_long_limit_on_every_rank(tmp_path):
     """At default settings (a 60 s floor), a step marked compiling that takes 10 minutes never fires, on the
-    compiling rank nor on one waiting for it, and a stall in it fires once the compile limit (30 min) is over;
+    compiling rank nor on one waiting for it, and a stall in it fires once the long limit (30 min) is over;
     a rank whose last heartbeat said compiling may go silent that long (a compile holding the GIL)."""
-    from optimum_gaudi.distributed.watchdog import COMPILE_LIMIT_SECONDS
+    from optimum_gaudi.distributed.watchdog import LONG_WINDOW_SECONDS
 
-    assert COMPILE_LIMIT_SECONDS == 1800
+    assert LONG_WINDOW_SECONDS == 1800
     dog, _, verdicts = watchdog_pair(tmp_path, limit=None)
     dog.step_begin(1)
     dog.step_end(1)
@@ -262,7 +262,7 @@ def test_a_step_that_may_compile_is_watched_with_the_compile_limit_on_every_rank
     beat_of_rank_1(dog, 1, 3, compiling=False)
     dog._tick()
     assert verdicts == []
-    dog._last_progress -= COMPILE_LIMIT_SECONDS - 600 + 1  # a stall in a compiling step: after the compile limit
+    dog._last_progress -= LONG_WINDOW_SECONDS - 600 + 1  # a stall in a compiling step: after the long limit
     beat_of_rank_1(dog, 2, 3, compiling=False)
     dog._tick()
     assert [v["ranks"] for v in verdicts] == [[0, 1]] and verdicts[0]["where"] == "in step 2"
@@ -279,7 +279,7 @@ def test_a_step_that_may_compile_is_watched_with_the_compile_limit_on_every_rank
     dog._seen[1] = (1, dog._seen[1][1] - 600)  # rank 1's heartbeat silent for 10 minutes while it compiles
     dog._tick()
     assert verdicts == []
-    dog._last_progress -= COMPILE_LIMIT_SECONDS
+    dog._last_progress -= LONG_WINDOW_SECONDS
     beat_of_rank_1(dog, 2, 3, compiling=True)
     dog._tick()
     assert [v["ranks"] for v in verdicts] == [[1]] and verdicts[0]["where"] == "in step 2"
@@ -312,3 +312,40 @@ def test_on_a_gaudi_the_first_three_steps_of_each_process_and_new_shapes_are_com
     assert compiling_steps(HPUDevice, {6: (4, 5)}) == [1, 2, 3, 6, 7]
     assert compiling_steps(HPUDevice, {}) == [1, 2, 3]  # a restarted process compiles again
     assert compiling_steps(None, {6: (4, 5)}) == []
+
+
+def test_a_hang_in_the_first_step_a_save_or_an_evaluation_fires_after_the_long_limit(tmp_path):
+    """Nothing waits for ever (HCCL groups have no timeout): the first step and a save, on the rank inside it and on
+    a rank waiting for it, are watched with the long limit: --hang_long_timeout (30 minutes by default), at least
+    the limit and twice the slowest pause seen."""
+    from optimum_gaudi.distributed.watchdog import LONG_WINDOW_SECONDS, Watchdog
+
+    dog, peer, verdicts = watchdog_pair(tmp_path, limit=None)
+    dog.step_begin(1)  # the first step, 10 minutes so far: it may compile
+    dog._last_progress -= 600
+    peer(1, 1)
+    dog._tick()
+    assert verdicts == []
+    dog._last_progress -= LONG_WINDOW_SECONDS
+    peer(2, 1)
+    dog._tick()
+    assert len(verdicts) == 1 and verdicts[0]["where"] == "in step 1"
+
+    dog, peer, verdicts = watchdog_pair(tmp_path, limit=None)
+    for step in (1, 2):
+        dog.step_begin(step)
+        dog.step_end(step)
+    dog.step_begin(3)  # rank 0 waits in step 3 for rank 1, which saves after step 2 (and hangs there)
+    dog._last_progress -= 600
+    peer(1, 4, paused="a save")
+    dog._tick()
+    assert verdicts == []
+    dog._last_progress -= LONG_WINDOW_SECONDS
+    peer(2, 4, paused="a save")
+    dog._tick()
+    assert [v["ranks"] for v in verdicts] == [[1]] and verdicts[0]["where"] == "after step 2"
+
+    dog = Watchdog(FakeStore(), 0, 2, tmp_path, long_floor=100)
+    assert dog.long_limit == 100
+    dog.slowest_pause = 1200  # saves took 20 minutes: twice that
+    assert dog.long_limit == 2400
