@@ -206,22 +206,36 @@ UNDOS = (
                                                 "            if self._scaler_found_inf():", "            if False:"),),
          ("unit/trainers/test_nonfinite.py::test_steps_the_gradient_scaler_skips_for_an_overflow_are_left_to_it",),
          device=False),
-    # issue 46: a step that may compile is watched with the compile limit, here and on the ranks waiting for it
+    # issue 46: a step that may compile, and every pause, is watched with the long limit, here and on the ranks
+    # waiting for it
     Undo("watchdog-compile-limit", "46.3", (("optimum_gaudi/distributed/watchdog.py",
-                                             "        limit = self.compile_limit if self._compiling is not None else "
-                                             "self.limit\n", "        limit = self.limit\n"),),
-         (f"{STALLS}::test_a_step_that_may_compile_is_watched_with_the_compile_limit_on_every_rank",), device=False),
+                                             "        long_window = self._paused is not None or self._compiling is "
+                                             "not None\n        if stalled_for",
+                                             "        long_window = self._paused is not None\n        if stalled_for"),),
+         (f"{STALLS}::test_a_step_that_may_compile_is_watched_with_the_long_limit_on_every_rank",), device=False),
     Undo("watchdog-compiling-peer", "46.3", (("optimum_gaudi/distributed/watchdog.py",
-                                              "        if stalled_for < self.compile_limit and any(b.compiling for b "
-                                              "in others):\n", "        if False:\n"),
+                                              "any(b.paused or b.compiling for b in others)",
+                                              "any(b.paused for b in others)"),
                                              ("optimum_gaudi/distributed/watchdog.py",
-                                              "        limit = self.compile_limit if self._last_compiling.get(rank) "
+                                              "        limit = self.long_limit if self._last_compiling.get(rank) "
                                               "else self.limit", "        limit = self.limit"),),
-         (f"{STALLS}::test_a_step_that_may_compile_is_watched_with_the_compile_limit_on_every_rank",), device=False),
+         (f"{STALLS}::test_a_step_that_may_compile_is_watched_with_the_long_limit_on_every_rank",), device=False),
     Undo("watch-compiling-steps", "46.3", (("optimum_gaudi/trainers/watch.py",
                                             "        if self._steps_begun <= self._compiling_first_steps:",
                                             "        if False:"),),
          (f"{STALLS}::test_on_a_gaudi_the_first_three_steps_of_each_process_and_new_shapes_are_compiling_steps",),
+         device=False),
+    Undo("watchdog-bounded-pauses", "46.2", (("optimum_gaudi/distributed/watchdog.py",
+                                              "        if stalled_for < (self.long_limit if long_window else "
+                                              "self.limit):\n",
+                                              "        if self._paused is not None or stalled_for < (self.long_limit "
+                                              "if long_window else self.limit):\n"),
+                                             ("optimum_gaudi/distributed/watchdog.py",
+                                              "        if stalled_for < self.long_limit and any(b.paused or "
+                                              "b.compiling for b in others):\n",
+                                              "        if any(b.paused for b in others) or stalled_for < "
+                                              "self.long_limit and any(b.compiling for b in others):\n"),),
+         (f"{STALLS}::test_a_hang_in_the_first_step_a_save_or_an_evaluation_fires_after_the_long_limit",),
          device=False),
 )  # fmt: skip
 
