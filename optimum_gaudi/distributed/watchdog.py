@@ -286,8 +286,7 @@ class Watchdog:
         beats = self._beats(now)  # every tick, paused or not: a peer that stopped running is seen from anywhere
         frozen = [rank for rank in range(self.world_size) if rank != self.rank and self._frozen(rank, now)]
         if frozen:
-            why = "its process stopped running: stopped by a signal or a debugger, or frozen"
-            self._decide(beats, frozen, why, where=f"while rank {self.rank} was {_where(self._progress)}")
+            self._decide(beats, frozen, _STOPPED, where=f"while rank {self.rank} was {_where(self._progress)}")
             return
         stalled_for = now - self._last_progress
         long_window = self._paused is not None or self._compiling is not None
@@ -298,7 +297,10 @@ class Watchdog:
             return  # a rank behind this one saves, evaluates or compiles: this one waits for it, that long
         lowest = min((beat.progress, beat.collectives) for beat in beats.values())
         behind = sorted(rank for rank, beat in beats.items() if (beat.progress, beat.collectives) == lowest)
-        if len(behind) < len(beats):
+        silent = [rank for rank in behind if rank != self.rank and self._silent_since_the_stall(rank, now)]
+        if silent:  # stopped as progress stopped: its heartbeat is a tick or two short of the limit, not running
+            self._decide(beats, silent, _STOPPED, where=f"while rank {self.rank} was {_where(self._progress)}")
+        elif len(behind) < len(beats):
             self._decide(beats, behind, "the other ranks went on to the next collective and wait there for it")
         else:
             self._decide(beats, sorted(beats), "every rank waits, none ahead of another")
@@ -328,6 +330,15 @@ class Watchdog:
             self._last_paused[rank] = beat.paused
             self._last_compiling[rank] = beat.compiling
         return beats
+
+    def _silent_since_the_stall(self, rank: int, now: float) -> bool:
+        """``rank``'s heartbeat stopped about when progress did: silent for all but two ticks of the limit (a running
+        process beats every tick). A rank stopped at a step's end is so when the limit of no progress is reached,
+        a tick or so before :meth:`_frozen` would say it."""
+        seen = self._seen.get(rank)
+        if seen is None or self._last_paused.get(rank) == FINISHED or self._last_compiling.get(rank):
+            return False
+        return now - seen[1] >= self.limit - 2 * self._tick_seconds()
 
     def _frozen(self, rank: int, now: float) -> bool:
         """No new heartbeat from ``rank`` for the limit (unless its training ended): its process does not run,
@@ -459,6 +470,9 @@ class Watchdog:
             "Python stacks of every thread (most recent call first within each):",
         ]
         return "\n".join(lines) + "\n" + _stacks()
+
+
+_STOPPED = "its process stopped running: stopped by a signal or a debugger, or frozen"
 
 
 def stall_line(verdict: dict, folder: Path) -> str:

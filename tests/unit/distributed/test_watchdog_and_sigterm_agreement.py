@@ -349,3 +349,30 @@ def test_a_hang_in_the_first_step_a_save_or_an_evaluation_fires_after_the_long_l
     assert dog.long_limit == 100
     dog.slowest_pause = 1200  # saves took 20 minutes: twice that
     assert dog.long_limit == 2400
+
+
+def test_a_rank_stopped_as_a_step_ended_is_named_as_stopped_not_behind(tmp_path):
+    """The 4-rank stall test once read a SIGSTOPped rank as 'behind': it stopped at a step's end, so the others'
+    limit of no progress came a tick before its heartbeat had been silent for the whole limit. Silent for all but
+    two ticks when progress stopped, it is a stopped process; a rank that beats is still one behind."""
+    dog, peer, verdicts = watchdog_pair(tmp_path, limit=6.0)  # ticks of 0.6 s
+    dog.step_begin(1)
+    dog.step_end(1)
+    dog.step_begin(2)
+    peer(1, 2)  # rank 1 after step 1
+    dog._tick()
+    dog._seen[1] = (1, dog._seen[1][1] - 5.0)  # silent 5 s, under the 6 s limit: not frozen yet
+    dog._last_progress -= 6.5
+    dog._tick()
+    assert [v["ranks"] for v in verdicts] == [[1]] and "stopped running" in verdicts[0]["why"]
+
+    dog, peer, verdicts = watchdog_pair(tmp_path, limit=6.0)
+    dog.step_begin(1)
+    dog.step_end(1)
+    dog.step_begin(2)
+    peer(1, 2)
+    dog._tick()
+    dog._seen[1] = (1, dog._seen[1][1] - 2.0)  # beat 2 s ago: running, behind
+    dog._last_progress -= 6.5
+    dog._tick()
+    assert [v["ranks"] for v in verdicts] == [[1]] and "went on to the next collective" in verdicts[0]["why"]
