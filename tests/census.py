@@ -25,6 +25,7 @@ ISSUERS = (
     ("sequence parallelism", ("optimum_gaudi.distributed.sequence_parallel",)),
     ("streamed final save", ("optimum_gaudi.distributed.full_weights",)),
     ("fused linear cross-entropy", ("optimum_gaudi.features.linear_cross_entropy",)),
+    ("non-finite guard", ("optimum_gaudi.trainers.nonfinite",)),
     ("preemption agreement", ("optimum_gaudi.trainers.preemption",)),
     ("sharded checkpoints", ("optimum_gaudi.checkpoints",)),
     ("torch.distributed.checkpoint", ("torch.distributed.checkpoint",)),

@@ -72,6 +72,11 @@ class Device:
     torch_context_parallel: ClassVar[bool] = False
     # training graphs give trainable parameters the forward does not use a zero gradient (not None)
     training_graphs_zero_unused_grads: ClassVar[bool] = False
+    # steps that may compile for minutes outside torch.compile's callbacks (the progress watchdog gives them its
+    # compile limit): the first N steps of each process, and with ``compiles_new_shapes`` a step whose inputs have
+    # shapes not seen before and the step after it
+    compiling_first_steps: ClassVar[int] = 0
+    compiles_new_shapes: ClassVar[bool] = False
 
     def count(self) -> int:
         return 1

@@ -193,6 +193,13 @@ class HPUDevice(Device):
     # backend/helpers/collective_utils.cpp getHCCLReduceOp maps MIN, MAX, SUM and PRODUCT only: AVG and PREMUL_SUM
     # are "Unsupported ReduceOp for HCCL process group"
     collectives_average = False
+    # lazy mode compiles its graphs at mark_step on the bridge's execution thread: step 1's lands in step 2's first
+    # sync, step 2 compiles the optimizer's stateful graph, a new shape compiles again (at the next sync); the
+    # recipes of hpu_backend compile at first execution, outside dynamo's callbacks. Recipes are not cached on
+    # disk by default, so a restarted process compiles again. optimum-habana: "the first two or three iterations
+    # typically take longer".
+    compiling_first_steps = 3
+    compiles_new_shapes = True
     behaviour = {
         "use_habana": "Gaudi device hpu",
         "use_lazy_mode": "PT_HPU_LAZY_MODE=1, mark_step() after backward and optimizer step",

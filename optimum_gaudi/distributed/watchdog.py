@@ -20,6 +20,13 @@ torch.distributed frame of its main thread) to ``<output_dir>/hang-<time>/rank<N
 restarts it, and the restarted job resumes from the newest complete checkpoint. A stopped rank on the same host
 is continued (SIGCONT) so that it writes its own stacks; the agent kills whatever is left.
 
+Nothing waits for ever, on any backend (the Gaudi bridge's HCCL groups have no timeout): the windows that may take
+long without being a stall (the first step, a save, an evaluation, a torch.compile compilation, and a step that may
+compile outside torch.compile's callbacks: on a Gaudi the first steps of each process and steps with new input
+shapes) have a limit of their own, :attr:`Watchdog.long_limit` (``--hang_long_timeout``, at least
+:data:`LONG_WINDOW_SECONDS`, and twice the slowest such pause seen), and the ranks waiting for one wait that long:
+a compile of ten minutes never fires, a rank that hangs inside a save does, after the long limit.
+
 Store calls go through a thread of their own with a time limit: the store's own timeout does not cover a server
 that stopped answering (the process holding it was stopped), and the watchdog must still decide then.
 """
@@ -55,6 +62,7 @@ AUTO_PAUSE_FACTOR = 2.0  # ... nor below twice the slowest save or evaluation se
 FINISHED = "the end of training"  # a rank's last heartbeat
 CONTINUED_REPORT_SECONDS = 10.0  # a stopped rank, continued, writes its stacks within this
 STORE_CALL_SECONDS = 10.0  # a store call taking longer: the process holding the store stopped answering
+LONG_WINDOW_SECONDS = 1800.0  # the least limit of a first step, save, evaluation or compile (a Gaudi's take minutes)
 
 
 def auto_limit(slowest_step: float, slowest_pause: float, floor: float = AUTO_FLOOR_SECONDS) -> float:
@@ -72,6 +80,7 @@ class Beat:
     paused: str | None
     pid: int
     host: str
+    compiling: bool = False  # in a step that may compile: watched with the compile limit
 
 
 class StoreGone(Exception):
@@ -124,10 +133,12 @@ class Watchdog:
         limit: float | None = None,
         name: str = "watchdog",
         serial: int = 0,
+        long_floor: float = LONG_WINDOW_SECONDS,
     ) -> None:
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self.rank, self.world_size, self.output_dir = rank, world_size, Path(output_dir)
         self.fixed_limit = limit
+        self.long_floor = long_floor
         self._prefix = f"optimum_gaudi/{name}/{restart}/{serial}"
         self._store = _Store(store)
         self._stop = threading.Event()
@@ -136,10 +147,11 @@ class Watchdog:
         # written by the training loop (plain attribute writes: no lock, no I/O on its path)
         self._progress = 0
         self._last_progress = time.monotonic()
-        self._paused: str | None = "the first step"  # its compilation never counts as a stall
+        self._paused: str | None = "the first step"  # it compiles: watched with the long limit
         self._step_began: float | None = None
         self._pause_began: float | None = None
         self._armed = False  # after the first step
+        self._compiling: str | None = None  # this step may compile (until it ends): the compile limit holds
         self._armed_at = 0.0
         self.slowest_step = 0.0
         self.slowest_pause = 0.0
@@ -147,6 +159,7 @@ class Watchdog:
         self._beat = 0
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (its beat counter, when it last changed)
         self._last_paused: dict[int, str | None] = {}
+        self._last_compiling: dict[int, bool] = {}
         self._host = socket.gethostname()
 
     # ---- the training loop's side ---------------------------------------------------------------------------
@@ -156,6 +169,16 @@ class Watchdog:
         if self.fixed_limit is not None:
             return self.fixed_limit
         return auto_limit(self.slowest_step, self.slowest_pause)
+
+    @property
+    def long_limit(self) -> float:
+        """The limit of a window that may take long without being a stall: a pause (the first step, a save, an
+        evaluation, a compilation) or a step that may compile."""
+        return max(self.limit, self.long_floor, AUTO_PAUSE_FACTOR * self.slowest_pause)
+
+    def compiling(self, what: str) -> None:
+        """This step (until it ends) may compile for minutes: its limit is :attr:`long_limit`."""
+        self._compiling = what
 
     def _hold_once_ending(self) -> None:
         """Once the job is ending, the loop must make no more progress: a stopped rank, continued to write its
@@ -182,6 +205,7 @@ class Watchdog:
                     self._paused = None
                 self._armed, self._armed_at = True, now
         self._step_began = None
+        self._compiling = None
         self._progress, self._last_progress = 2 * step, now
 
     def pause(self, what: str) -> None:
@@ -226,7 +250,7 @@ class Watchdog:
         self._stop.set()
         self._paused = FINISHED
         with contextlib.suppress(Exception):
-            beat = Beat(self._beat + 1, self._progress, _collectives(), FINISHED, os.getpid(), self._host)
+            beat = Beat(self._beat + 1, self._progress, _collectives(), FINISHED, os.getpid(), self._host, False)
             self._store("set", self._key(f"beat/{self.rank}"), json.dumps(asdict(beat)))
         self._store.close()
 
@@ -250,7 +274,8 @@ class Watchdog:
 
     def _publish(self) -> None:
         self._beat += 1
-        mine = Beat(self._beat, self._progress, _collectives(), self._paused, os.getpid(), self._host)
+        compiling = self._compiling is not None
+        mine = Beat(self._beat, self._progress, _collectives(), self._paused, os.getpid(), self._host, compiling)
         self._store("set", self._key(f"beat/{self.rank}"), json.dumps(asdict(mine)))
 
     def _tick(self) -> None:
@@ -261,17 +286,21 @@ class Watchdog:
         beats = self._beats(now)  # every tick, paused or not: a peer that stopped running is seen from anywhere
         frozen = [rank for rank in range(self.world_size) if rank != self.rank and self._frozen(rank, now)]
         if frozen:
-            why = "its process stopped running: stopped by a signal or a debugger, or frozen"
-            self._decide(beats, frozen, why, where=f"while rank {self.rank} was {_where(self._progress)}")
+            self._decide(beats, frozen, _STOPPED, where=f"while rank {self.rank} was {_where(self._progress)}")
             return
         stalled_for = now - self._last_progress
-        if self._paused is not None or stalled_for < self.limit:
+        long_window = self._paused is not None or self._compiling is not None
+        if stalled_for < (self.long_limit if long_window else self.limit):
             return
-        if any(b.paused and b.progress <= self._progress for r, b in beats.items() if r != self.rank):
-            return  # a rank behind this one saves, evaluates or compiles: this one waits for it
+        others = [b for r, b in beats.items() if r != self.rank and b.progress <= self._progress]
+        if stalled_for < self.long_limit and any(b.paused or b.compiling for b in others):
+            return  # a rank behind this one saves, evaluates or compiles: this one waits for it, that long
         lowest = min((beat.progress, beat.collectives) for beat in beats.values())
         behind = sorted(rank for rank, beat in beats.items() if (beat.progress, beat.collectives) == lowest)
-        if len(behind) < len(beats):
+        silent = [rank for rank in behind if rank != self.rank and self._silent_since_the_stall(rank, now)]
+        if silent:  # stopped as progress stopped: its heartbeat is a tick or two short of the limit, not running
+            self._decide(beats, silent, _STOPPED, where=f"while rank {self.rank} was {_where(self._progress)}")
+        elif len(behind) < len(beats):
             self._decide(beats, behind, "the other ranks went on to the next collective and wait there for it")
         else:
             self._decide(beats, sorted(beats), "every rank waits, none ahead of another")
@@ -299,7 +328,17 @@ class Watchdog:
             if seen is None or seen[0] != beat.beat:
                 self._seen[rank] = (beat.beat, now)
             self._last_paused[rank] = beat.paused
+            self._last_compiling[rank] = beat.compiling
         return beats
+
+    def _silent_since_the_stall(self, rank: int, now: float) -> bool:
+        """``rank``'s heartbeat stopped about when progress did: silent for all but two ticks of the limit (a running
+        process beats every tick). A rank stopped at a step's end is so when the limit of no progress is reached,
+        a tick or so before :meth:`_frozen` would say it."""
+        seen = self._seen.get(rank)
+        if seen is None or self._last_paused.get(rank) == FINISHED or self._last_compiling.get(rank):
+            return False
+        return now - seen[1] >= self.limit - 2 * self._tick_seconds()
 
     def _frozen(self, rank: int, now: float) -> bool:
         """No new heartbeat from ``rank`` for the limit (unless its training ended): its process does not run,
@@ -308,14 +347,17 @@ class Watchdog:
         seen = self._seen.get(rank)
         if seen is None:
             return self._armed and now - self._armed_at >= self.limit
-        return now - seen[1] >= self.limit and self._last_paused.get(rank) != FINISHED
+        limit = self.long_limit if self._last_compiling.get(rank) else self.limit  # a compile may hold the GIL
+        return now - seen[1] >= limit and self._last_paused.get(rank) != FINISHED
 
     # ---- the end ----------------------------------------------------------------------------------------------
 
     def _store_gone(self) -> None:
         """The store stopped answering: the process holding it (rank 0 or torchrun's agent) stopped. Decide
         alone, once this rank has made no progress for the limit."""
-        if self._paused is None and time.monotonic() - self._last_progress >= self.limit:
+        long_window = self._paused is not None or self._compiling is not None
+        limit = self.long_limit if long_window else self.limit
+        if time.monotonic() - self._last_progress >= limit:
             verdict = {
                 "folder": time.strftime("hang-%Y%m%d-%H%M%S"),
                 "ranks": [0],
@@ -428,6 +470,9 @@ class Watchdog:
             "Python stacks of every thread (most recent call first within each):",
         ]
         return "\n".join(lines) + "\n" + _stacks()
+
+
+_STOPPED = "its process stopped running: stopped by a signal or a debugger, or frozen"
 
 
 def stall_line(verdict: dict, folder: Path) -> str:

@@ -32,7 +32,8 @@ When a rank fails the job stops: torchrun ends the other ranks of its node and e
 one line naming the rank and exits non-zero. On the other nodes, ranks waiting for the dead one fail at once
 over gloo; a collective over HCCL or NCCL may wait instead, so the launchers of nodes 1 and up check node 0's
 rendezvous store and stop their ranks when it has stopped answering for about 20 s. Node 0 cannot tell that
-another node went: there the process group's timeout ends the wait (transformers: ``--ddp_timeout``).
+another node went: there the process group's timeout ends the wait on gloo and NCCL (transformers:
+``--ddp_timeout``); HCCL groups take none, and on a Gaudi the progress watchdog ends it during training.
 SIGINT, SIGTERM and SIGHUP are passed on to the job (unless the launcher was started ignoring them, as nohup
 does); its ranks get ``--grace_period`` seconds to finish their step and checkpoint, then are killed; a second
 signal kills them at once. Whatever is left of the job when the launcher exits is killed.

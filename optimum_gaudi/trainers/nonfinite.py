@@ -11,7 +11,12 @@ ranks' losses: one all-reduce of a scalar per step. Naming the ranks whose loss 
 the bad step only.
 
 Transformers' own ``logging_nan_inf_filter`` only hides such steps from the logged loss: without this, a
-diverged run logged a loss of 0, exited 0 and its checkpoints held NaN weights.
+diverged run logged a loss of 0, exited 0 and its checkpoints held NaN weights. ``--on_nonfinite ignore`` gives
+that behaviour back (the guard does nothing, checkpoints are written whatever their weights).
+
+A step whose gradients overflowed under fp16's dynamic loss scaling is the gradient scaler's: it skips that
+optimizer step and lowers its scale, by design in the first steps. The guard leaves such a step alone (the loss
+finite on every rank, the scaler's ``found_inf`` set): it neither stops the run nor counts as skipped.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from ..errors import UserError
 
 logger = logging.getLogger(__name__)
 
-ON_NONFINITE = ("stop", "skip")
+ON_NONFINITE = ("stop", "skip", "ignore")
+IGNORE = "ignore"  # transformers' own behaviour: a NaN is logged (or filtered from the log), training goes on
+_SCALERS = "the gradient scaler's overflow"  # a step the scaler skips itself
 
 
 class NonFiniteStepError(UserError):
@@ -44,6 +51,8 @@ class NonFiniteGuard(TrainerCallback):
         self.trainer = trainer
         args = trainer.args
         self.skip = args.on_nonfinite == "skip"
+        self.active = args.on_nonfinite != IGNORE
+        self.scaler_overflows = 0  # steps the gradient scaler skipped (fp16 overflow), left to it
         self.max_skips = args.max_nonfinite_skips
         self.spike_factor = args.loss_spike_factor
         self.skipped_in_a_row = 0
@@ -57,6 +66,8 @@ class NonFiniteGuard(TrainerCallback):
 
     def note_loss(self, loss: torch.Tensor) -> None:
         """A micro-batch's loss (no device sync here: the sum stays a tensor until the step's verdict)."""
+        if not self.active:
+            return
         loss = loss.detach().float()
         self._step_loss = loss if self._step_loss is None else self._step_loss + loss
 
@@ -68,10 +79,16 @@ class NonFiniteGuard(TrainerCallback):
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         loss, norm = self._step_loss, self._grad_norm
         self._step_loss, self._grad_norm = None, None
+        if not self.active:
+            return
         if norm is None:
             norm = self._gradient_norm()
         step = state.global_step + 1
         problem = self._problem(loss, norm, args.world_size)
+        if problem is _SCALERS:
+            self.scaler_overflows += 1
+            logger.debug("step %d: the gradients overflowed under loss scaling; the gradient scaler skips it.", step)
+            return
         if problem is None:
             self.skipped_in_a_row = 0
             return
@@ -128,6 +145,8 @@ class NonFiniteGuard(TrainerCallback):
             bad_ranks, local = self._ranks_with_a_nonfinite_loss(loss_value, several)
             if bad_ranks:
                 return f"the loss is {local}{_on(bad_ranks, several)} (gradient norm {norm_value})"
+            if self._scaler_found_inf():  # the same on every rank: the gradients were reduced before unscaling
+                return _SCALERS
             return f"the gradient norm is {norm_value} (the loss is finite{' on every rank' if several else ''})"
         if norm_value is None and loss_value is not None:  # DeepSpeed: the loss alone, agreed over the ranks
             bad = (~torch.isfinite(loss_value)).float().reshape(1)
@@ -139,6 +158,17 @@ class NonFiniteGuard(TrainerCallback):
         if self.spike_factor > 0 and loss_value is not None:
             return self._spike(loss_value, several, world_size)
         return None
+
+    def _scaler_found_inf(self) -> bool:
+        """Whether the gradient scaler found an inf or NaN when it unscaled this step's gradients (it then skips
+        the optimizer step and lowers its scale)."""
+        scaler = getattr(self.trainer.accelerator, "scaler", None)
+        states = getattr(scaler, "_per_optimizer_states", None) or {}
+        for state in states.values():
+            for found in (state.get("found_inf_per_device") or {}).values():
+                if float(found.sum()) > 0:
+                    return True
+        return False
 
     def _spike(self, loss: torch.Tensor, several: bool, world_size: int) -> str | None:
         total = loss.reshape(1).clone()

@@ -68,7 +68,7 @@ from .checkpoint_size import check_room_for_a_checkpoint
 from .compat import TrainerShims, check_trainer_hooks, nested_gather
 from .events import InternalCallbackHandler
 from .internals import check_internals
-from .nonfinite import NonFiniteGuard
+from .nonfinite import IGNORE, NonFiniteGuard
 from .plan_check import check_the_plan
 from .preemption import Preemption, exit_after_checkpoint
 from .stragglers import Stragglers
@@ -465,6 +465,8 @@ class GaudiTrainerMixin(TrainerShims):
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         rows = find_batch_size(inputs)
         self._throughput.count_batch(inputs, rows)
+        if self._watch is not None:
+            self._watch.note_inputs(inputs)  # before the forward: new shapes compile in it (or at its next sync)
         if self.is_fsdp_enabled and not self.gaudi_device.collectives_average and self._summing is not model:
             # fully_shard ran in accelerator.prepare; the first reduce-scatter is ahead
             self._gradient_divisor = reduce_with_sum(model)
@@ -674,7 +676,7 @@ class GaudiTrainerMixin(TrainerShims):
         preemption = Preemption()
         self._guard = NonFiniteGuard(self)
         several = self.args.world_size > 1 and torch.distributed.is_initialized()
-        self._watch = ProgressWatch() if several and watchdog_wanted(self.args) else None
+        self._watch = ProgressWatch(self.gaudi_device) if several and watchdog_wanted(self.args) else None
         self._stragglers = Stragglers(self.args.straggler_threshold, self._layout.host_group) if several else None
         installed = [c for c in (preemption, self._guard, self._watch, self._stragglers) if c is not None]
         for callback in installed:  # in this order: the watchdog sees the save SIGTERM asks for
@@ -742,7 +744,7 @@ class GaudiTrainerMixin(TrainerShims):
             totals = getattr(self, "_run_totals", None)
             if self.args.should_save and totals is not None and saved.is_dir():
                 (saved / RUN_TOTALS_FILE).write_text(json.dumps(totals, indent=1), encoding="utf-8")
-            if self.args.should_save and saved.is_dir():
+            if self.args.should_save and saved.is_dir() and self.args.on_nonfinite != IGNORE:
                 (saved / FINITE_MARKER).write_text('{"checked": true}', encoding="utf-8")  # checked above
         if self.state.global_step >= self.state.max_steps:
             writes.wait()
@@ -751,7 +753,9 @@ class GaudiTrainerMixin(TrainerShims):
         """A checkpoint whose weights hold a NaN or inf is not written: it would rotate out the last finite one, and
         resuming would train on from garbage. Every rank checks its own weights; where they are sharded (FSDP,
         DeepSpeed) the ranks agree (a save is collective, every rank is here); one line says which checkpoint was
-        left out."""
+        left out. ``--on_nonfinite ignore``: written unchecked, as transformers writes it."""
+        if self.args.on_nonfinite == IGNORE:
+            return False
         bad = first_nonfinite(self.accelerator.unwrap_model(model).named_parameters())
         flag = torch.tensor([0.0 if bad is None else 1.0])
         sharded = self.is_fsdp_enabled or self.is_deepspeed_enabled  # else every rank holds the same weights

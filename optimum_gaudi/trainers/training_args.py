@@ -275,7 +275,16 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             "help": "Seconds a rank may make no progress before the job ends with every rank's stacks in "
             "<output_dir>/hang-<time>/ (restarted with optimum-gaudi launch --max_restarts). Multi-process runs only; "
             "default: 10x the slowest step, 2x the slowest save or evaluation, at least 60 s. The first step, saves, "
-            "evaluations and compilations never count. 0 turns it off."
+            "evaluations and compilations (on a Gaudi also steps 2-3 of each process and steps with new input "
+            "shapes) have --hang_long_timeout. 0 turns it off."
+        },
+    )
+    hang_long_timeout: float = field(
+        default=1800.0,
+        metadata={
+            "help": "Seconds at least that the first step, a save, an evaluation or a compilation may last before "
+            "the watchdog ends the job (also at least --hang_timeout's limit and twice the slowest such window "
+            "seen). HCCL groups have no timeout: on a Gaudi nothing else ends a hang there."
         },
     )
     on_nonfinite: str = field(
@@ -283,7 +292,9 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
         metadata={
             "help": "A NaN or inf loss or gradient norm: 'stop' the run at once with one line (step, rank, which), "
             "or 'skip' the step (optimizer, scheduler and gradient scaler untouched), at most --max_nonfinite_skips "
-            "times in a row. Checkpoints whose weights hold a NaN or inf are never written."
+            "times in a row; checkpoints whose weights hold a NaN or inf are then never written. 'ignore': "
+            "transformers' own behaviour (training goes on, the loss is logged as it is). Steps fp16's gradient "
+            "scaler skips for overflowing are left to it."
         },
     )
     max_nonfinite_skips: int = field(
@@ -495,6 +506,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
     def _check_stall_flags(self, fail) -> None:
         if self.hang_timeout is not None and not self.hang_timeout >= 0:
             fail(f"--hang_timeout must be >= 0 seconds (0 turns the watchdog off), got {self.hang_timeout}.")
+        if not self.hang_long_timeout > 0:
+            fail(f"--hang_long_timeout must be > 0 seconds, got {self.hang_long_timeout}.")
         if self.on_nonfinite not in ON_NONFINITE:
             fail(f"--on_nonfinite must be one of {', '.join(ON_NONFINITE)}, got '{self.on_nonfinite}'.")
         if self.on_nonfinite == "skip" and self.deepspeed:
@@ -509,6 +522,10 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
         for name in ("loss_spike_factor", "straggler_threshold"):
             if not getattr(self, name) >= 0:
                 fail(f"--{name} must be >= 0 (0: off), got {getattr(self, name)}.")
+        if self.loss_spike_factor and self.on_nonfinite == "ignore":
+            fail(
+                "--loss_spike_factor handles a spike as --on_nonfinite says, and 'ignore' does nothing: use stop or skip."
+            )
         if 0 < self.loss_spike_factor <= 1:
             fail(f"--loss_spike_factor {self.loss_spike_factor} would catch ordinary steps: give a factor > 1, or 0.")
 

@@ -1,6 +1,8 @@
 """The progress watchdog (distributed/watchdog.py) on the training loop's events: on by default in multi-process
-runs (``--hang_timeout``; 0 turns it off), with the first step, saves, evaluations and torch.compile's
-compilations paused, since those may take long without being a stall."""
+runs (``--hang_timeout``; 0 turns it off). The first step, saves, evaluations and torch.compile's compilations may
+take long without being a stall: they are watched with the watchdog's long limit (``--hang_long_timeout``). Where
+the device compiles outside torch.compile's callbacks (a Gaudi: its first steps, new input shapes), those steps
+are too, in every process the job starts (a restarted one compiles again)."""
 
 from __future__ import annotations
 
@@ -30,16 +32,27 @@ def watchdog_wanted(args: Any) -> bool:
 class ProgressWatch(TrainerCallback):
     """Installed by GaudiTrainer around each ``train()`` of a multi-process run."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: Any = None) -> None:
         self.watchdog: Watchdog | None = None
         self._compiling = False
+        self._compiling_first_steps = getattr(device, "compiling_first_steps", 0)
+        self._compiles_new_shapes = getattr(device, "compiles_new_shapes", False)
+        self._steps_begun = 0  # in this process: a restarted one compiles again
+        self._shapes: set[tuple] = set()
+        self._new_shapes_steps = 0  # steps still to watch as compiling for new shapes (this one and the next)
 
     def on_train_begin(self, args, state, control, **kwargs):
         store = default_store()
         if store is None:
             return
         self.watchdog = Watchdog(
-            store, args.process_index, args.world_size, args.output_dir, args.hang_timeout, serial=next(_serial)
+            store,
+            args.process_index,
+            args.world_size,
+            args.output_dir,
+            args.hang_timeout,
+            serial=next(_serial),
+            long_floor=args.hang_long_timeout,
         )
         self.watchdog.start()
         _pause_during_compilation(self)
@@ -55,8 +68,25 @@ class ProgressWatch(TrainerCallback):
                 )
 
     def on_step_begin(self, args, state, control, **kwargs):
-        if self.watchdog is not None:
-            self.watchdog.step_begin(state.global_step + 1)
+        if self.watchdog is None:
+            return
+        self.watchdog.step_begin(state.global_step + 1)
+        self._steps_begun += 1
+        after_new_shapes, self._new_shapes_steps = self._new_shapes_steps > 0, max(0, self._new_shapes_steps - 1)
+        if self._steps_begun <= self._compiling_first_steps:
+            self.watchdog.compiling(f"step {self._steps_begun} of this process (its graphs compile)")
+        elif after_new_shapes:
+            self.watchdog.compiling("the step after new input shapes (their graphs compile at its first sync)")
+
+    def note_inputs(self, inputs: Any) -> None:
+        """A micro-batch's inputs: shapes not seen before make this step and the next compiling steps."""
+        if self.watchdog is None or not self._compiles_new_shapes:
+            return
+        shapes = _shapes(inputs)
+        if shapes not in self._shapes:
+            self._shapes.add(shapes)
+            self.watchdog.compiling("new input shapes (their graphs compile)")
+            self._new_shapes_steps = 1
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.watchdog is None:
@@ -92,6 +122,14 @@ class ProgressWatch(TrainerCallback):
         if self.watchdog is not None and self._compiling:
             self._compiling = False
             self.watchdog.resume()
+
+
+def _shapes(inputs: Any) -> tuple:
+    """The shapes (and dtypes) of a batch's tensors, by key."""
+    items = (
+        inputs.items() if isinstance(inputs, dict) else enumerate(inputs if isinstance(inputs, list | tuple) else [])
+    )
+    return tuple((key, tuple(value.shape), str(value.dtype)) for key, value in items if isinstance(value, torch.Tensor))
 
 
 def _compile_callbacks() -> Any:

@@ -1,4 +1,4 @@
-"""Each fix of issues 20, 37, 38 and 39 matters: its test fails without it. For each fix the script undoes it with a
+"""Each fix of issues 20, 37, 38, 39 and 46 matters: its test fails without it. For each fix the script undoes it with a
 small edit of the package, runs the test written for it (in a pytest process on the simulated hpu device where the
 test is of the HPU path), expects a failure, and puts the file back.
 
@@ -195,6 +195,55 @@ UNDOS = (
                                          '        inner = model\n        seam = Seam.of(inner, "forward")\n'),),
          ("integration/distributed/test_fast_ddp.py::"
           "test_hpu_graphs_go_on_the_model_once_whatever_wraps_it_on_two_simulated_gaudis",), device=False),
+    # issue 46: host groups beside an hccl default group never take the timeout hccl dropped
+    Undo("host-groups-beside-hccl", "46.1", (("optimum_gaudi/distributed/host_group.py",
+                                              "            if _backend_of(world, device) not in TIMED_BACKENDS:\n"
+                                              "                continue\n", ""),),
+         ("unit/distributed/test_parallel_layout.py::"
+          "test_host_groups_wait_the_runs_timeout_not_what_an_hccl_default_group_holds",), device=False),
+    # issue 46: a step fp16's gradient scaler skips for an overflow is left to it
+    Undo("nonfinite-scaler-overflow", "46.6", (("optimum_gaudi/trainers/nonfinite.py",
+                                                "            if self._scaler_found_inf():", "            if False:"),),
+         ("unit/trainers/test_nonfinite.py::test_steps_the_gradient_scaler_skips_for_an_overflow_are_left_to_it",),
+         device=False),
+    # issue 46: a step that may compile, and every pause, is watched with the long limit, here and on the ranks
+    # waiting for it
+    Undo("watchdog-compile-limit", "46.3", (("optimum_gaudi/distributed/watchdog.py",
+                                             "        long_window = self._paused is not None or self._compiling is "
+                                             "not None\n        if stalled_for",
+                                             "        long_window = self._paused is not None\n        if stalled_for"),),
+         (f"{STALLS}::test_a_step_that_may_compile_is_watched_with_the_long_limit_on_every_rank",), device=False),
+    Undo("watchdog-compiling-peer", "46.3", (("optimum_gaudi/distributed/watchdog.py",
+                                              "any(b.paused or b.compiling for b in others)",
+                                              "any(b.paused for b in others)"),
+                                             ("optimum_gaudi/distributed/watchdog.py",
+                                              "        limit = self.long_limit if self._last_compiling.get(rank) "
+                                              "else self.limit", "        limit = self.limit"),),
+         (f"{STALLS}::test_a_step_that_may_compile_is_watched_with_the_long_limit_on_every_rank",), device=False),
+    Undo("watch-compiling-steps", "46.3", (("optimum_gaudi/trainers/watch.py",
+                                            "        if self._steps_begun <= self._compiling_first_steps:",
+                                            "        if False:"),),
+         (f"{STALLS}::test_on_a_gaudi_the_first_three_steps_of_each_process_and_new_shapes_are_compiling_steps",
+          "integration/distributed/test_stalled_slow_or_diverging_ranks.py::test_on_simulated_gaudis_a_long_compile_"
+          "in_step_2_never_fires_and_a_stall_in_step_3_fires_after_the_long_limit"), device=False),
+    Undo("watchdog-bounded-pauses", "46.2", (("optimum_gaudi/distributed/watchdog.py",
+                                              "        if stalled_for < (self.long_limit if long_window else "
+                                              "self.limit):\n",
+                                              "        if self._paused is not None or stalled_for < (self.long_limit "
+                                              "if long_window else self.limit):\n"),
+                                             ("optimum_gaudi/distributed/watchdog.py",
+                                              "        if stalled_for < self.long_limit and any(b.paused or "
+                                              "b.compiling for b in others):\n",
+                                              "        if any(b.paused for b in others) or stalled_for < "
+                                              "self.long_limit and any(b.compiling for b in others):\n"),),
+         (f"{STALLS}::test_a_hang_in_the_first_step_a_save_or_an_evaluation_fires_after_the_long_limit",),
+         device=False),
+    # a rank stopped as a step ended read as 'behind' a tick before its silence reached the limit (4-rank stall test)
+    Undo("watchdog-silent-at-the-stall", "46.1", (("optimum_gaudi/distributed/watchdog.py",
+                                                   "        silent = [rank for rank in behind if rank != self.rank and "
+                                                   "self._silent_since_the_stall(rank, now)]",
+                                                   "        silent = []"),),
+         (f"{STALLS}::test_a_rank_stopped_as_a_step_ended_is_named_as_stopped_not_behind",), device=False),
 )  # fmt: skip
 
 

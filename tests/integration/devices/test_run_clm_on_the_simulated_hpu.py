@@ -100,9 +100,9 @@ def test_eager_torch_compile_with_autoload_and_no_launcher(tmp_path, cache):
 
 def test_fast_ddp_with_hpu_graphs_on_two_processes(tmp_path, cache):
     """Gaudi software 1.19 (lazy default), two processes over 'hccl' (hpu tensors only; gloo on host copies
-    underneath on the simulator)."""
+    underneath on the simulator), with --loss_spike_factor: its collective is in the census."""
     flags = ["--do_train", "--use_lazy_mode", "--use_hpu_graphs_for_training", "--distribution_strategy", "fast_ddp"]
-    flags += ["--gaudi_config_name", "gpt2"]
+    flags += ["--gaudi_config_name", "gpt2", "--loss_spike_factor", "1000"]  # the guard's all-reduce, in the census
     run_clm_process(tmp_path, cache, "1.19", *flags, launcher=("--world_size", "2"), FAKE_HPU_DEVICE_COUNT="2")
     for rank in (0, 1):
         log = rank_log(tmp_path, rank)
@@ -112,6 +112,7 @@ def test_fast_ddp_with_hpu_graphs_on_two_processes(tmp_path, cache):
         assert log["autocast_lists"] == expected_lists("gpt2")
     issued = {census.key(entry) for entry in census.check(tmp_path / "simulator.json", range(2))}
     assert ("fast_ddp", "allreduce", "SUM", "bfloat16") in issued  # the fused buffer in bf16 (the device's default)
+    assert ("non-finite guard", "allreduce", "SUM", "float32") in issued  # the loss spike's mean loss
 
 
 def load_run_clm():

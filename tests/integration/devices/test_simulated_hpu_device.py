@@ -7,12 +7,14 @@ the bridge's op lists (``hpu_ops/autocast_helpers.h``), random ops draw from the
 torch.hpu's memory API counts the device's bytes (``hpu/memory.py``), and kernels write contiguous outputs
 (torch's own fake tensors assume it for hpu: ``torch/_subclasses/fake_impls.py``)."""
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
 
 from conftest import FAKES
+from support import free_port
 
 CHECKS = textwrap.dedent(
     """
@@ -241,3 +243,62 @@ def test_the_accelerator_is_the_hpu_as_on_a_cpu_build_of_torch():
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "a cpu build's accelerator" in result.stdout
+
+
+NO_DEADLINES = textwrap.dedent(
+    """
+    import datetime, json, os, sys, time, torch, torch.distributed as dist
+    import habana_frameworks.torch.distributed.hccl  # noqa: F401
+
+    late, rank = float(sys.argv[1]), int(os.environ["RANK"])
+    dist.init_process_group("hccl", timeout=datetime.timedelta(seconds=1))
+    host = dist.new_group(backend="gloo")                    # gloo beside it: its timeout and flight record hold
+    dist.all_reduce(torch.ones(1), group=host)
+    waited = {}
+    for what in ("all_reduce", "barrier"):
+        if rank == 1:
+            time.sleep(late)                                 # joins long after the group's timeout
+        started = time.monotonic()
+        if what == "barrier":
+            dist.barrier()
+        else:
+            work = dist.all_reduce(torch.ones(1, device="hpu"), async_op=True)
+            assert work.wait(datetime.timedelta(milliseconds=1)) is True
+        waited[what] = time.monotonic() - started
+    try:
+        dist.group.WORLD._get_sequence_number_for_group()
+        sequence = "counted"
+    except RuntimeError as error:
+        sequence = str(error)
+    dump = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(True, True))
+    names = sorted({(e["profiling_name"], tuple(e["process_group"])) for e in dump["entries"]})
+    print("RESULT", json.dumps({"waited": waited, "sequence": sequence, "recorded": names}))
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_simulated_hccl_has_no_timeout_no_collective_count_and_no_flight_record(tmp_path):
+    """As the bridge's group (``distributed/hccl/__init__.py``, ``ProcessGroupHCCL.cpp``,
+    ``process_group_hccl_base.cpp``): a collective or barrier a rank joins 4 s after the group's 1 s timeout still
+    completes (the timeout is dropped, ``wait`` ignores one, ``barrier`` polls the store), torch has no sequence
+    number for it, and torch's flight recorder holds only the gloo group's collective."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
+    env.update(PYTHONPATH=FAKES, FAKE_HPU_DEVICE="1", FAKE_HPU_SOFTWARE="1.21", OMP_NUM_THREADS="1")
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2", FAKE_HPU_DEVICE_COUNT="2")
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", NO_DEADLINES, "4"],
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    outputs = [rank.communicate(timeout=240) for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], [err[-3000:] for _, err in outputs]
+    result = json.loads(next(line for line in outputs[0][0].splitlines() if line.startswith("RESULT"))[7:])
+    assert result["waited"]["all_reduce"] > 3.5 and result["waited"]["barrier"] > 3.5, result
+    assert result["sequence"] == "ProcessGroup hccl does not yet support sequence numbers.", result
+    assert [name for name, _ in result["recorded"]] == ["gloo:all_reduce"], result

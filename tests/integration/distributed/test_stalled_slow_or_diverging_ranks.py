@@ -9,10 +9,12 @@ The watchdog and SIGTERM's agreement in process: tests/unit/distributed/test_wat
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 
 import pytest
+from conftest import FAKES
 from support import SCRIPTS, job_environment, launch_command
 
 
@@ -87,6 +89,66 @@ def test_a_stopped_rank_an_endless_loop_and_a_collective_never_joined_are_report
         assert "last progress after step 5, " in stopped[rank], stopped[rank][:400]
     assert "in endless_loop" in looping[last] and "waiting in: no collective" in looping[last]
     assert "waiting in: gloo:all_reduce on group #" in blocked[last]  # the group the others never join
+
+
+def test_a_stopped_rank_on_two_simulated_gaudis_is_reported_without_a_collective_count_or_flight_record(tmp_path):
+    """On simulated Gaudis (issue 46, point 1: 'hccl' without a timeout, sequence numbers or a flight record, as the
+    bridge), rank 1 stops itself (SIGSTOP) after step 5: the other rank waits in an HCCL collective that never
+    times out, the watchdog names the stopped rank, and the reports say what HCCL cannot tell (no collective count,
+    no flight record: "waiting in" is the main thread's innermost frame)."""
+    out = tmp_path / "run"
+    env = {k: v for k, v in job_environment().items() if not k.startswith(("PT_HPU", "FAKE_HPU"))}
+    env.update(PYTHONPATH=os.pathsep.join([FAKES, env["PYTHONPATH"]]), FAKE_HPU_DEVICE="1", FAKE_HPU_DEVICE_COUNT="2")
+    result = subprocess.run(
+        launch_command("--world_size", "2", str(SCRIPTS / "train_stalls.py"))
+        + [str(tmp_path), "5", "--output_dir", str(out), "--max_steps", "12", "--save_strategy", "no"]
+        + ["--logging_steps", "1", "--per_device_train_batch_size", "4", "--report_to", "none"]
+        + ["--disable_tqdm", "true", "--hang_timeout", "6", "--use_habana"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode != 0, result.stderr[-3000:]
+    (folder,) = out.glob("hang-*")
+    reports = {rank: (folder / f"rank{rank}.txt").read_text() for rank in (0, 1)}
+    assert "stalled: rank(s) 1: its process stopped running" in reports[0], reports[0][:600]
+    assert "collectives issued on the default group: -1" in reports[0]
+    waiting = next(line for line in reports[0].splitlines() if line.startswith("waiting in: "))
+    assert "flight recorder" not in waiting and "its main thread's innermost frame" in waiting, waiting
+
+
+def test_on_simulated_gaudis_a_long_compile_in_step_2_never_fires_and_a_stall_in_step_3_fires_after_the_long_limit(
+    tmp_path,
+):
+    """Issue 46, point 3, on 2 simulated Gaudis (--use_habana): rank 1's forward takes 8 s in step 2 (a compile, 4x
+    --hang_timeout 2) and never returns in step 3. Steps 1-3 of a process may compile: the first passes, the second
+    fires after --hang_long_timeout (12 s), not after the 2 s limit."""
+    out = tmp_path / "run"
+    env = {k: v for k, v in job_environment().items() if not k.startswith(("PT_HPU", "FAKE_HPU"))}
+    env.update(PYTHONPATH=os.pathsep.join([FAKES, env["PYTHONPATH"]]), FAKE_HPU_DEVICE="1", FAKE_HPU_DEVICE_COUNT="2")
+    result = subprocess.run(
+        launch_command("--world_size", "2", str(SCRIPTS / "train_compiles.py"), str(tmp_path), "2", "8", "3")
+        + ["--output_dir", str(out), "--max_steps", "6", "--save_strategy", "no", "--logging_steps", "1"]
+        + ["--per_device_train_batch_size", "4", "--report_to", "none", "--disable_tqdm", "true", "--use_habana"]
+        + ["--hang_timeout", "2", "--hang_long_timeout", "12"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode != 0, result.stderr[-3000:]
+    (folder,) = out.glob("hang-*")  # one verdict: step 2's 8 s did not fire
+    summary = (folder / "summary.txt").read_text()
+    assert " in step 3 " in summary, summary
+    # HCCL counts no collectives: a rank looping in the step the others wait in cannot be told from them
+    assert summary.startswith("ranks 0, 1 made no progress") and "every rank waits" in summary, summary
+    seconds = int(re.search(r"made no progress for (\d+) s", summary).group(1))
+    assert 12 <= seconds < 20, summary
+    ended = json.loads((tmp_path / "steps.json").read_text())
+    assert ended["2"] - ended["1"] >= 8, ended  # the slow step ran its course
 
 
 # ---- stragglers (point 4) and non-finite steps on several processes (point 3) -------------------------------------

@@ -58,3 +58,27 @@ def test_copies_of_the_arguments_carry_the_degrees_not_the_groups(tmp_path):
     args.parallel_layout._groups["host"] = (object(), object())  # as if made
     for copied in (copy.deepcopy(args).parallel_layout, pickle.loads(pickle.dumps(args)).parallel_layout):
         assert copied == args.parallel_layout and copied._groups == {}
+
+
+def test_host_groups_wait_the_runs_timeout_not_what_an_hccl_default_group_holds(bridge, tmp_path):
+    """The bridge's hccl drops the timeout it is given (``distributed/hccl/__init__.py``): the host groups made
+    beside it take the run's --ddp_timeout, never whatever the hccl group holds (the simulated one: a year), nor
+    the value handed to it. A gloo default group's own timeout is still what they take."""
+    from datetime import timedelta
+
+    import habana_frameworks.torch.distributed.hccl  # noqa: F401
+    import torch
+    import torch.distributed as dist
+
+    from optimum_gaudi.distributed.host_group import group_timeout
+
+    for backend, expected in (("hccl", 7), ("gloo", 5)):
+        dist.init_process_group(backend, init_method=f"file://{tmp_path / backend}", rank=0, world_size=1,
+                                timeout=timedelta(seconds=5))  # fmt: skip
+        try:
+            assert group_timeout(7) == timedelta(seconds=expected), backend
+            layout = ParallelLayout(world_size=1, ddp_timeout=7)
+            made = layout.host_group()._get_backend(torch.device("cpu")).options._timeout
+            assert made == timedelta(seconds=expected), backend
+        finally:
+            dist.destroy_process_group()

@@ -234,3 +234,145 @@ def test_the_default_limit_comes_from_the_runs_own_times_with_a_floor():
     assert auto_limit(0.5, 10.0) == AUTO_FLOOR_SECONDS == 60
     assert auto_limit(12.0, 10.0) == 120  # 10 x the slowest step
     assert auto_limit(1.0, 90.0) == 180  # 2 x the slowest save or evaluation
+
+
+# ---- steps that may compile (issue 46, point 3) -------------------------------------------------------------------
+
+
+def beat_of_rank_1(dog, beat: int, progress: int, compiling: bool) -> None:
+    from optimum_gaudi.distributed import watchdog
+
+    record = watchdog.Beat(beat, progress, -1, None, 1, "elsewhere", compiling)  # hccl: no collective count
+    dog._store("set", dog._key("beat/1"), json.dumps(dataclasses.asdict(record)))
+
+
+def test_a_step_that_may_compile_is_watched_with_the_long_limit_on_every_rank(tmp_path):
+    """At default settings (a 60 s floor), a step marked compiling that takes 10 minutes never fires, on the
+    compiling rank nor on one waiting for it, and a stall in it fires once the long limit (30 min) is over;
+    a rank whose last heartbeat said compiling may go silent that long (a compile holding the GIL)."""
+    from optimum_gaudi.distributed.watchdog import LONG_WINDOW_SECONDS
+
+    assert LONG_WINDOW_SECONDS == 1800
+    dog, _, verdicts = watchdog_pair(tmp_path, limit=None)
+    dog.step_begin(1)
+    dog.step_end(1)
+    dog.step_begin(2)
+    dog.compiling("step 2 of this process")  # rank 0 compiles; rank 1, done compiling, waits in step 2 for it
+    dog._last_progress -= 600
+    beat_of_rank_1(dog, 1, 3, compiling=False)
+    dog._tick()
+    assert verdicts == []
+    dog._last_progress -= LONG_WINDOW_SECONDS - 600 + 1  # a stall in a compiling step: after the long limit
+    beat_of_rank_1(dog, 2, 3, compiling=False)
+    dog._tick()
+    assert [v["ranks"] for v in verdicts] == [[0, 1]] and verdicts[0]["where"] == "in step 2"
+
+    dog, _, verdicts = watchdog_pair(tmp_path, limit=None)
+    dog.step_begin(1)
+    dog.step_end(1)
+    dog.step_begin(2)
+    dog.step_end(2)
+    dog.step_begin(3)  # rank 0 is not compiling: it waits in step 3 for rank 1, which compiles step 2
+    dog._last_progress -= 600
+    beat_of_rank_1(dog, 1, 3, compiling=True)
+    dog._tick()
+    dog._seen[1] = (1, dog._seen[1][1] - 600)  # rank 1's heartbeat silent for 10 minutes while it compiles
+    dog._tick()
+    assert verdicts == []
+    dog._last_progress -= LONG_WINDOW_SECONDS
+    beat_of_rank_1(dog, 2, 3, compiling=True)
+    dog._tick()
+    assert [v["ranks"] for v in verdicts] == [[1]] and verdicts[0]["where"] == "in step 2"
+
+
+def test_on_a_gaudi_the_first_three_steps_of_each_process_and_new_shapes_are_compiling_steps(tmp_path):
+    """HPUDevice: steps 1-3 of a process (a restarted one too) and a step with new input shapes and the one after
+    it (lazy mode compiles at the next sync) are compiling steps; on a device that compiles nothing outside
+    torch.compile, none is."""
+    import torch
+    from transformers import TrainerControl, TrainerState
+
+    from optimum_gaudi.devices.hpu import HPUDevice
+    from optimum_gaudi.distributed.watchdog import Watchdog
+    from optimum_gaudi.trainers.watch import ProgressWatch
+
+    def compiling_steps(device, shapes_at) -> list[int]:
+        watch = ProgressWatch(device)
+        watch.watchdog = Watchdog(FakeStore(), 0, 2, tmp_path)
+        state, control, found = TrainerState(), TrainerControl(), []
+        for step in range(1, 9):
+            watch.on_step_begin(None, state, control)
+            watch.note_inputs({"input_ids": torch.zeros(shapes_at.get(step, (4, 8)), dtype=torch.long)})
+            if watch.watchdog._compiling is not None:
+                found.append(step)
+            state.global_step = step
+            watch.on_step_end(None, state, control)
+        return found
+
+    assert compiling_steps(HPUDevice, {6: (4, 5)}) == [1, 2, 3, 6, 7]
+    assert compiling_steps(HPUDevice, {}) == [1, 2, 3]  # a restarted process compiles again
+    assert compiling_steps(None, {6: (4, 5)}) == []
+
+
+def test_a_hang_in_the_first_step_a_save_or_an_evaluation_fires_after_the_long_limit(tmp_path):
+    """Nothing waits for ever (HCCL groups have no timeout): the first step and a save, on the rank inside it and on
+    a rank waiting for it, are watched with the long limit: --hang_long_timeout (30 minutes by default), at least
+    the limit and twice the slowest pause seen."""
+    from optimum_gaudi.distributed.watchdog import LONG_WINDOW_SECONDS, Watchdog
+
+    dog, peer, verdicts = watchdog_pair(tmp_path, limit=None)
+    dog.step_begin(1)  # the first step, 10 minutes so far: it may compile
+    dog._last_progress -= 600
+    peer(1, 1)
+    dog._tick()
+    assert verdicts == []
+    dog._last_progress -= LONG_WINDOW_SECONDS
+    peer(2, 1)
+    dog._tick()
+    assert len(verdicts) == 1 and verdicts[0]["where"] == "in step 1"
+
+    dog, peer, verdicts = watchdog_pair(tmp_path, limit=None)
+    for step in (1, 2):
+        dog.step_begin(step)
+        dog.step_end(step)
+    dog.step_begin(3)  # rank 0 waits in step 3 for rank 1, which saves after step 2 (and hangs there)
+    dog._last_progress -= 600
+    peer(1, 4, paused="a save")
+    dog._tick()
+    assert verdicts == []
+    dog._last_progress -= LONG_WINDOW_SECONDS
+    peer(2, 4, paused="a save")
+    dog._tick()
+    assert [v["ranks"] for v in verdicts] == [[1]] and verdicts[0]["where"] == "after step 2"
+
+    dog = Watchdog(FakeStore(), 0, 2, tmp_path, long_floor=100)
+    assert dog.long_limit == 100
+    dog.slowest_pause = 1200  # saves took 20 minutes: twice that
+    assert dog.long_limit == 2400
+
+
+def test_a_rank_stopped_as_a_step_ended_is_named_as_stopped_not_behind(tmp_path):
+    """The 4-rank stall test once read a SIGSTOPped rank as 'behind': it stopped at a step's end, so the others'
+    limit of no progress came a tick before its heartbeat had been silent for the whole limit. Silent for all but
+    two ticks when progress stopped, it is a stopped process; a rank that beats is still one behind."""
+    dog, peer, verdicts = watchdog_pair(tmp_path, limit=6.0)  # ticks of 0.6 s
+    dog.step_begin(1)
+    dog.step_end(1)
+    dog.step_begin(2)
+    peer(1, 2)  # rank 1 after step 1
+    dog._tick()
+    dog._seen[1] = (1, dog._seen[1][1] - 5.0)  # silent 5 s, under the 6 s limit: not frozen yet
+    dog._last_progress -= 6.5
+    dog._tick()
+    assert [v["ranks"] for v in verdicts] == [[1]] and "stopped running" in verdicts[0]["why"]
+
+    dog, peer, verdicts = watchdog_pair(tmp_path, limit=6.0)
+    dog.step_begin(1)
+    dog.step_end(1)
+    dog.step_begin(2)
+    peer(1, 2)
+    dog._tick()
+    dog._seen[1] = (1, dog._seen[1][1] - 2.0)  # beat 2 s ago: running, behind
+    dog._last_progress -= 6.5
+    dog._tick()
+    assert [v["ranks"] for v in verdicts] == [[1]] and "went on to the next collective" in verdicts[0]["why"]

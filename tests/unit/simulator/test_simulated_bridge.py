@@ -255,6 +255,26 @@ def test_group_functions_are_the_bridges_until_unloaded(bridge, monkeypatch, tmp
     assert (dist.new_group, dist.init_process_group) == original
 
 
+def test_hccl_groups_drop_the_timeout_they_are_given(bridge, tmp_path):
+    """``distributed/hccl/__init__.py`` ``_create_process_group_hccl``: the group is made without the options'
+    timeout (``ProcessGroupHCCL`` takes none); off the simulated device, the gloo alias never times out either.
+    torch counts no collectives of it (a custom backend)."""
+    from datetime import timedelta
+
+    import habana_frameworks.torch.distributed.hccl  # noqa: F401
+    import torch.distributed as dist
+
+    dist.init_process_group("hccl", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=5))  # fmt: skip
+    try:
+        timeout = dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout
+        assert timeout > timedelta(days=300), timeout
+        with pytest.raises(RuntimeError, match="does not yet support sequence numbers"):
+            dist.group.WORLD._get_sequence_number_for_group()
+    finally:
+        dist.destroy_process_group()
+
+
 def test_set_device_keeps_the_process_on_its_module(bridge, monkeypatch):
     """``hpu/__init__.py``: a process has one Gaudi; ``set_device`` checks the index and remaps it to the module the
     process opened (HLS_MODULE_ID, a position in HABANA_VISIBLE_MODULES), or exports it; without either, on a

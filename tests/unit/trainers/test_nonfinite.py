@@ -118,7 +118,8 @@ def test_a_checkpoint_with_nonfinite_weights_is_never_published_and_resuming_pic
 @pytest.mark.parametrize(
     "flags, message",
     [
-        ({"on_nonfinite": "ignore"}, "--on_nonfinite must be one of stop, skip, got 'ignore'."),
+        ({"on_nonfinite": "warn"}, "--on_nonfinite must be one of stop, skip, ignore, got 'warn'."),
+        ({"on_nonfinite": "ignore", "loss_spike_factor": 5}, "--loss_spike_factor handles a spike as --on_nonfinite"),
         ({"hang_timeout": -1}, "--hang_timeout must be >= 0 seconds"),
         ({"max_nonfinite_skips": 0}, "--max_nonfinite_skips must be a whole number >= 1, got 0."),
         ({"loss_spike_factor": 0.5}, "--loss_spike_factor 0.5 would catch ordinary steps"),
@@ -143,3 +144,65 @@ def test_a_loss_spike_is_handled_as_a_nonfinite_step(tmp_path, caplog):
     trainer.train()
     assert "step 14: the loss " in caplog.text and "x the running median" in caplog.text
     assert trainer.state.log_history[-2]["nonfinite_skipped_steps"] == 1
+
+
+def overflowing_scaler(trainer: GaudiTrainer, init_scale: float = 2.0**127) -> torch.amp.GradScaler:
+    """fp16's dynamic loss scaling on the CPU, where accelerate makes no scaler: a scale so high that the first
+    steps' gradients overflow, as they do by design early in a GPU's fp16 run."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    trainer.accelerator.scaler = scaler  # prepare() hands it to the optimizer, backward() scales the loss with it
+    trainer.accelerator.native_amp = True
+    trainer.accelerator.state._mixed_precision = "fp16"  # unscale_gradients() unscales under fp16 only
+    return scaler
+
+
+def test_steps_the_gradient_scaler_skips_for_an_overflow_are_left_to_it(tmp_path):
+    """An overflowing scale makes the first steps' gradients inf: the scaler skips those optimizer steps and lowers
+    its scale; the run neither stops nor counts them (it stopped at step 1 before). A NaN loss under the same
+    scaler still stops the run."""
+    trainer = make_trainer(tmp_path / "overflow", on_nonfinite="skip", max_nonfinite_skips=1)
+    scaler = overflowing_scaler(trainer)
+    trainer.train()
+    assert trainer.state.global_step == 8 and scaler.get_scale() <= 2.0**125  # at least two steps overflowed
+    skipped = [h["nonfinite_skipped_steps"] for h in trainer.state.log_history if "nonfinite_skipped_steps" in h]
+    assert skipped and set(skipped) == {0}
+    assert math.isfinite(trainer.state.log_history[-2]["loss"])
+
+    nan = NanLossAt({5})
+    trainer = make_trainer(tmp_path / "nan")
+    trainer.compute_loss_func, nan.trainer = nan, trainer
+    overflowing_scaler(trainer, init_scale=2.0**10)
+    with pytest.raises(NonFiniteStepError, match="step 5: the loss is nan"):
+        trainer.train()
+
+
+def test_on_nonfinite_ignore_is_transformers_own_behaviour(tmp_path):
+    """transformers' ``test_logging_inf_nan_filter`` with GaudiTrainer: a learning rate of 1e9 makes the loss
+    inf or NaN within a few steps; with ``--on_nonfinite ignore`` training goes on as transformers' does, the same
+    losses logged (NaN or inf where ``logging_nan_inf_filter`` is off, filtered where it is on). The default,
+    ``stop``, ends that run: the exception the README's promise names."""
+    from transformers import Trainer, TrainingArguments
+
+    def losses(trainer):
+        trainer.train()
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+    def gaudi(filtered, **flags):
+        flags = {"learning_rate": 1e9, "max_steps": 10, "logging_nan_inf_filter": filtered, **flags}
+        return make_trainer(tmp_path / f"gaudi-{filtered}", **flags)
+
+    common = dict(per_device_train_batch_size=4, report_to="none", disable_tqdm=True, logging_steps=1, max_steps=10,
+                  save_strategy="no", seed=0, learning_rate=1e9)  # fmt: skip
+    for filtered in (False, True):
+        args = TrainingArguments(output_dir=str(tmp_path / f"hf-{filtered}"), logging_nan_inf_filter=filtered, **common)
+        expected = losses(Trainer(model=tiny.gpt2(**tiny.NO_DROPOUT), args=args, train_dataset=tiny.lm_data()))
+        got = losses(gaudi(filtered, on_nonfinite="ignore"))
+        assert len(got) == len(expected) == 10
+        assert all(
+            (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-5)
+            for a, b in zip(got, expected, strict=True)
+        )
+        assert any(not math.isfinite(loss) for loss in got) != filtered, got
+
+    with pytest.raises(NonFiniteStepError, match="--on_nonfinite skip skips such steps instead"):
+        gaudi(False).train()

@@ -17,6 +17,12 @@ is a process group for device type hpu, as ``ProcessGroupHCCL.cpp``: its collect
 group refuses (``_maps.py``: reduce ops other than SUM / PRODUCT / MIN / MAX, dtypes outside its map) and reduces
 other dtypes than bf16 / float32 on a float32 copy, as ``process_group_hccl_base.cpp`` does.
 
+What the bridge's group does not give, the simulated one does not either (``ProcessGroupHCCL.cpp``,
+``process_group_hccl_base.cpp``): it takes no timeout (``_create_process_group_hccl`` drops the options' one), a
+``Work``'s ``wait(timeout)`` ignores its timeout, ``barrier`` is ``hostBarrier``, a store poll with no deadline,
+torch's ``_get_sequence_number_for_group`` refuses it (a custom backend) and it writes nothing to torch's flight
+recorder: ``_deadlines.py``.
+
 Every collective is also kept in a census (``census``: collective, reduce op, dtypes, device, group size and the
 Python modules that issued it), written with the call log (``FAKE_HPU_CALL_LOG``) for the census test.
 """
@@ -31,7 +37,7 @@ import torch.distributed as dist
 import habana_frameworks as _hf
 from habana_frameworks import _device
 
-from . import _maps
+from . import _deadlines, _maps
 
 # (collective, reduce op or None, dtypes, device type, group size, issuing modules): each distinct one once
 census: set[tuple] = set()
@@ -102,8 +108,16 @@ def initialize_distributed_hpu(world_size=None, rank=None, local_rank=None):
 initialize_distributed_hpu()
 
 
-def _create_process_group_hccl(store, rank, size, timeout):
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
+def _create_process_group_hccl(backend_opts, pg_opts):
+    """``distributed/hccl/__init__.py``: the group is made from the store, rank, size and name only; the options'
+    timeout is dropped (``ProcessGroupHCCL`` takes none). Off the device a gloo group that never times out."""
+    return dist.ProcessGroupGloo(backend_opts.store, backend_opts.group_rank, backend_opts.group_size,
+                                 _deadlines.NO_DEADLINE)  # fmt: skip
+
+
+def _create_device_process_group_hccl(backend_opts, pg_opts):
+    """As ``_create_process_group_hccl``, on the simulated device."""
+    return _ProcessGroupHCCL(backend_opts.store, backend_opts.group_rank, backend_opts.group_size)
 
 
 class _DoneWork(dist._Work):
@@ -115,6 +129,7 @@ class _DoneWork(dist._Work):
         self._future.set_result(result)
 
     def wait(self, timeout=None):
+        """``ProcessGroupHCCL.cpp`` ``WorkHCCL::wait``: the timeout is ignored ("abort API is not implemented")."""
         return True
 
     def get_future(self):
@@ -122,9 +137,12 @@ class _DoneWork(dist._Work):
 
 
 class _ProcessGroupHCCL(dist.ProcessGroup):
-    def __init__(self, store, rank, size, timeout):
+    def __init__(self, store, rank, size):
         super().__init__(rank, size)
-        self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._store = store
+        self._barriers = 0  # hostBarrier's counter (process_group_hccl_base.cpp)
+        # the data moves through gloo, which never times out here: ProcessGroupHCCL has no timeout
+        self._gloo = dist.ProcessGroupGloo(store, rank, size, _deadlines.NO_DEADLINE)
 
     def getBackendName(self):
         return "hccl"
@@ -289,8 +307,11 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
         return _DoneWork(outputs)
 
     def barrier(self, opts=None):
+        """``ProcessGroupHCCL.cpp`` ``barrier``: ``hostBarrier()``, a poll of the group's store with no deadline
+        (the options' timeout is not read)."""
         _hf.record("distributed.hccl.barrier")
-        return self._gloo.barrier(opts or dist.BarrierOptions())
+        self._barriers = _deadlines.host_barrier(self._store, self.rank(), self.size(), self._barriers)
+        return _DoneWork([])
 
 
 # What torch's C++ calls on the group (its ProcessGroup trampoline): on the bridge these are C++ (ProcessGroupHCCL.cpp,
@@ -360,7 +381,7 @@ def _register_backend(creator, devices: list[str]) -> None:
     unloads (a test double's hygiene: torch before 2.8 refuses a second registration of a name, "HCCL c10d
     backend already exist", and in-process tests import the simulator many times)."""
     backend = dist.Backend
-    dist.Backend.register_backend("hccl", creator, devices=devices)
+    dist.Backend.register_backend("hccl", creator, devices=devices, extended_api=True)
 
     def undo() -> None:
         if hasattr(backend, "HCCL"):
@@ -380,7 +401,8 @@ if dist.is_available():
     _disallow_collectives_in_graph()
 if dist.is_available() and hasattr(dist, "ProcessGroupGloo") and _device.loaded():
     atexit.register(_destroy_at_exit)
-    _register_backend(_ProcessGroupHCCL, ["hpu"])
+    _hf.on_unload(_deadlines.keep_out_of_the_flight_recorder())
+    _register_backend(_create_device_process_group_hccl, ["hpu"])
     _hf.record("distributed.hccl.register", backend="hccl", alias_of=None)
 elif dist.is_available() and hasattr(dist, "ProcessGroupGloo"):
     _register_backend(_create_process_group_hccl, ["cpu"])
