@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "collectives.md"
 _MAPS_FILE = ROOT / "tests" / "fakes" / "habana_frameworks" / "torch" / "distributed" / "hccl" / "_maps.py"
 
-# (issuer, module prefixes): the first issuer any frame of a collective's stack belongs to names it, so the more
+# (issuer, module or module:function prefixes): the first issuer any frame of a collective's stack belongs to names it, so the more
 # specific come first (a DCP save inside transformers' checkpointing is DCP's; FSDP's all-gather in an evaluation is
 # FSDP2's). A collective with no Python frame of any is DDP's gradient buckets, all-reduced by its C++ reducer.
 ISSUERS = (
@@ -29,7 +29,8 @@ ISSUERS = (
     ("preemption agreement", ("optimum_gaudi.trainers.preemption",)),
     ("sharded checkpoints", ("optimum_gaudi.checkpoints",)),
     ("torch.distributed.checkpoint", ("torch.distributed.checkpoint",)),
-    ("gradient clipping", ("torch.nn.utils.clip_grad",)),
+    # the trainer's whole-model norm of FSDP2's partial one (torch < 2.8) is clipping's too
+    ("gradient clipping", ("torch.nn.utils.clip_grad", "optimum_gaudi.trainers.trainer:_clip_grad_norm")),
     ("FSDP2", ("torch.distributed.fsdp",)),
     ("DDP", ("torch.nn.parallel.distributed",)),
     ("DeepSpeed", ("deepspeed",)),
@@ -39,9 +40,11 @@ ISSUERS = (
 )
 DDP_REDUCER = "DDP (C++ reducer)"
 # Frames of a compiled graph running (dynamo's and AOTAutograd's wrappers, the FX code, which has no module: "?"):
-# a collective issued inside one has lost the frames of the code that was compiled into it.
+# a collective issued inside one has lost the frames of the code that was compiled into it. Not torch._compile's
+# `inner`: that is `_disable_dynamo`'s wrapper, eager code (torch 2.7 puts it around DTensor's __torch_dispatch__,
+# inside gradient clipping's all-reduce).
 COMPILED = "a torch.compile graph"
-_COMPILED_FRAMES = ("torch._functorch._aot_autograd", "torch._dynamo", "torch.fx", "torch._compile", "?")
+_COMPILED_FRAMES = ("torch._functorch._aot_autograd", "torch._dynamo", "torch.fx", "?")
 
 
 def _maps():
@@ -57,7 +60,7 @@ def issuer(frames: list[str]) -> tuple[str, str]:
     graph = next((i for i, frame in enumerate(frames) if frame.split(":")[0].startswith(_COMPILED_FRAMES)), None)
     for name, prefixes in ISSUERS:
         for frame in frames[:graph]:
-            if frame.split(":")[0].startswith(prefixes):
+            if frame.startswith(prefixes):  # a module (its every function) or one module:function
                 return name, frame
     return (DDP_REDUCER, "") if graph is None else (COMPILED, frames[graph])
 

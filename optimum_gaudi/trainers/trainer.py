@@ -639,6 +639,8 @@ class GaudiTrainerMixin(TrainerShims):
 
     def _clip_grad_norm(self, model: nn.Module):
         norm = self._clip_with_the_device(model)
+        if callable(getattr(norm, "full_tensor", None)):  # a DTensor: FSDP2's norm on torch < 2.8 is left partial
+            norm = norm.full_tensor()  # the whole model's, as logged elsewhere, not this rank's shards' (1/sqrt(2))
         if self._guard is not None:
             self._guard.note_grad_norm(norm)  # checked before the optimizer step (trainers/nonfinite.py)
         return norm

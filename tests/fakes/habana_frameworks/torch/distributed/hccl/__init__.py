@@ -33,6 +33,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d  # the options classes (torch.distributed's lack some before 2.8)
 
 import habana_frameworks as _hf
 from habana_frameworks import _device
@@ -196,7 +197,7 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
         return _DoneWork(outputs)
 
     def allreduce(self, tensors, opts=None):
-        opts = opts or dist.AllreduceOptions()
+        opts = opts or _c10d.AllreduceOptions()
         reduce_in = lambda dtype: _maps.reduction_dtype("allreduce", dtype)  # noqa: E731
         return self._run(
             "allreduce",
@@ -207,7 +208,7 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
         )
 
     def broadcast(self, tensors, opts=None):
-        opts = opts or dist.BroadcastOptions()
+        opts = opts or _c10d.BroadcastOptions()
         return self._run("broadcast", list(tensors), lambda i, o: self._gloo.broadcast(i, opts))
 
     def _into_lists(self, name, output_lists, inputs, call):
@@ -223,7 +224,7 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
         return _DoneWork(output_lists)
 
     def allgather(self, output_lists, inputs, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         # process_group_hccl_base.cpp: outputs of one size are one hcclAllGather (dtype checked); others a broadcast
         # per rank (_broadcast_oop), which moves bytes
         even = len({t.numel() for group in output_lists for t in group}) <= 1
@@ -231,7 +232,7 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
         return self._into_lists(name, output_lists, inputs, lambda o, i: self._gloo.allgather(o, i, opts))
 
     def _allgather_base(self, output, input, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         if input.dtype != output.dtype:  # process_group_hccl_base.cpp _allgather_base
             raise RuntimeError("output tensor must have the same type as input tensor")
         return self._run(
@@ -255,14 +256,14 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors, opts=None):
         """``process_group_hccl_base.cpp``: the all-reduce of the same tensors."""
-        options = dist.AllreduceOptions()
+        options = _c10d.AllreduceOptions()
         if opts is not None:
             options.reduceOp = opts.reduceOp
         return self.allreduce(tensors, options)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         """``ProcessGroupHcclBase::alltoall_base`` (``process_group_hccl_base.cpp``): one tensor in, one out."""
-        opts = opts or dist.AllToAllOptions()
+        opts = opts or _c10d.AllToAllOptions()
         return self._run(
             "alltoall_base",
             [input],
@@ -272,7 +273,7 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output, input, opts=None):
         """reduce_scatter_tensor, as ``process_group_hccl_base.hpp`` declares it (FSDP's gradient reduction)."""
-        opts = opts or dist.ReduceScatterOptions()
+        opts = opts or _c10d.ReduceScatterOptions()
         if input.dtype != output.dtype:  # process_group_hccl_base.cpp _reduce_scatter_base
             raise RuntimeError("input tensor must be the same type as the output tensor.")
         if input.numel() != output.numel() * self.size():
@@ -291,12 +292,12 @@ class _ProcessGroupHCCL(dist.ProcessGroup):
 
     def gather(self, output_lists, inputs, opts=None):
         """As ``process_group_hccl_base.hpp``: the root receives a list (torch.distributed.checkpoint's plans)."""
-        opts = opts or dist.GatherOptions()
+        opts = opts or _c10d.GatherOptions()
         return self._into_lists("gather", output_lists, inputs, lambda o, i: self._gloo.gather(o, i, opts))
 
     def scatter(self, outputs, input_lists, opts=None):
         """As ``process_group_hccl_base.hpp``: the root sends each rank its part."""
-        opts = opts or dist.ScatterOptions()
+        opts = opts or _c10d.ScatterOptions()
         flat = [t for group in input_lists for t in group]
         self._enter("scatter", list(outputs) + flat)
         host_out = [t.cpu() for t in outputs]
