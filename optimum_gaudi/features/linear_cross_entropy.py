@@ -88,9 +88,11 @@ def _fused_chunk(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, 
     target = target.masked_fill(~kept, 0)
     x = logits.float()
     lse = torch.logsumexp(x, 1)
-    total = torch.where(kept, lse - x.gather(1, target[:, None]).squeeze(1), 0.0).sum()
+    # the target's logit picked by the one-hot mask the gradient needs anyway, not by gather: torch 2.10's inductor
+    # let the in-place write of the gradient below reach a gather of the logits (the loss off by 15%)
+    hot = torch.arange(x.shape[1], device=x.device)[None, :] == target[:, None]
+    total = torch.where(kept, lse - torch.where(hot, x, 0.0).sum(1), 0.0).sum()
     if grads:
-        hot = torch.arange(x.shape[1], device=x.device)[None, :] == target[:, None]
         grad = torch.where(kept[:, None], (x - lse[:, None]).exp() - hot.to(x.dtype), 0.0)
         logits.copy_(grad)
     return total
@@ -230,13 +232,20 @@ def compiled_chunk(**compile_kwargs: Any) -> Callable:
     return torch.compile(_fused_chunk, **compile_kwargs)
 
 
+# Whether a device type has autocast, asked once eagerly (dynamo could not trace the question before torch 2.11)
+_AUTOCAST: dict[str, bool] = {}
+
+
 def _autocast_off(device_type: str) -> contextlib.AbstractContextManager:
     """Autocast off around the loss: its matmuls run in the dtype the output layer computes in under the caller's
     autocast (cast explicitly), everything else in float32 whatever an op list names. Habana's default lists put
     ``mul`` in bf16 (hpu_ops/autocast_helpers.h), which made the per-token sum bf16."""
-    if not torch.amp.is_autocast_available(device_type):
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device_type, enabled=False)
+    available = _AUTOCAST.get(device_type)
+    if available is None and torch.compiler.is_compiling():
+        available = True  # cpu, cuda, hpu: every device this traces on has autocast; the check is not traceable (2.10)
+    elif available is None:
+        available = _AUTOCAST.setdefault(device_type, torch.amp.is_autocast_available(device_type))
+    return torch.autocast(device_type=device_type, enabled=False) if available else contextlib.nullcontext()
 
 
 def _head_problem(model: nn.Module) -> str | None:
