@@ -141,8 +141,8 @@ UNDOS = (
     # issue 37: the strict simulator's hccl refuses AVG, its lazy kernels abort on set_ (each test launches its own
     # processes on the simulated device)
     Undo("fsdp-sum-reductions", "37.2", (("optimum_gaudi/trainers/trainer.py",
-                                          "            reduce_with_sum(model)  # fully_shard ran in accelerator.prepare",
-                                          "            pass  # fully_shard ran in accelerator.prepare"),),
+                                          "            self._gradient_divisor = reduce_with_sum(model)",
+                                          "            self._gradient_divisor = 1"),),
          (f"{FSDP}::test_fsdp_on_two_simulated_gaudis_saves_sharded_checkpoints_and_resumes",), device=False),
     Undo("fsdp-lazy-refused", "37.2", (("optimum_gaudi/trainers/training_args.py",
                                         "        if self.fsdp and self.use_lazy_mode:", "        if False:"),),
