@@ -92,6 +92,14 @@ def test_a_layers_activations_are_what_autograd_saves(family):
     batch, sequence = 2, 32
     measured = _saved_bytes(model, layer, batch, sequence)
     predicted = layer_activation_bytes(load_model_shape(config), Workload(precision="fp32"), Setting())
+    if family == "llama" and tuple(map(int, torch.__version__.split(".")[:2])) < (2, 8):
+        # torch 2.6 and 2.7 run grouped-query SDPA on the CPU through its math path, which keeps the attention
+        # probabilities (batch x heads x sequence^2) and expanded keys and values: 365,056 bytes where the formula
+        # (flash-style attention, torch 2.8+ and a Gaudi's FusedSDPA) says 311,296. The plan under-predicts there
+        # by those terms (docs/planning.md, limits)
+        probabilities = batch * config.num_attention_heads * sequence**2 * 4
+        assert probabilities <= measured - predicted * batch * sequence <= 2 * probabilities
+        return
     assert predicted * batch * sequence == pytest.approx(measured, rel=0.03)
 
 
