@@ -510,7 +510,8 @@ class GaudiTrainerMixin(TrainerShims):
         self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
     ):
         """--use_fused_linear_cross_entropy: a training step's loss from the hidden states, without the logits
-        (features/linear_cross_entropy.py); evaluation computes the model's own logits and loss."""
+        (features/linear_cross_entropy.py); evaluation computes the model's own logits and loss. Under FSDP2 summing
+        for a device without AVG on torch < 2.8, the training loss's gradient is divided by the world size."""
         if not (self._fused_loss and model.training and "labels" in inputs):
             found = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         else:
