@@ -91,19 +91,16 @@ def test_a_stopped_rank_an_endless_loop_and_a_collective_never_joined_are_report
     assert "waiting in: gloo:all_reduce on group #" in blocked[last]  # the group the others never join
 
 
-def test_a_stopped_rank_on_two_simulated_gaudis_is_reported_without_a_collective_count_or_flight_record(tmp_path):
-    """On simulated Gaudis (issue 46, point 1: 'hccl' without a timeout, sequence numbers or a flight record, as the
-    bridge), rank 1 stops itself (SIGSTOP) after step 5: the other rank waits in an HCCL collective that never
-    times out, the watchdog names the stopped rank, and the reports say what HCCL cannot tell (no collective count,
-    no flight record: "waiting in" is the main thread's innermost frame)."""
-    out = tmp_path / "run"
+def on_two_simulated_gaudis(tmp_path, script_and_flags: list[str]) -> None:
+    """A script of tests/scripts launched on 2 simulated Gaudis (--use_habana) into tmp_path/run; it must fail (the
+    watchdog ends the job)."""
     env = {k: v for k, v in job_environment().items() if not k.startswith(("PT_HPU", "FAKE_HPU"))}
     env.update(PYTHONPATH=os.pathsep.join([FAKES, env["PYTHONPATH"]]), FAKE_HPU_DEVICE="1", FAKE_HPU_DEVICE_COUNT="2")
+    script, *flags = script_and_flags
     result = subprocess.run(
-        launch_command("--world_size", "2", str(SCRIPTS / "train_stalls.py"))
-        + [str(tmp_path), "5", "--output_dir", str(out), "--max_steps", "12", "--save_strategy", "no"]
-        + ["--logging_steps", "1", "--per_device_train_batch_size", "4", "--report_to", "none"]
-        + ["--disable_tqdm", "true", "--hang_timeout", "6", "--use_habana"],
+        launch_command("--world_size", "2", str(SCRIPTS / script))
+        + [*flags, "--output_dir", str(tmp_path / "run"), "--save_strategy", "no", "--logging_steps", "1"]
+        + ["--per_device_train_batch_size", "4", "--report_to", "none", "--disable_tqdm", "true", "--use_habana"],
         capture_output=True,
         text=True,
         env=env,
@@ -111,6 +108,17 @@ def test_a_stopped_rank_on_two_simulated_gaudis_is_reported_without_a_collective
         timeout=300,
     )
     assert result.returncode != 0, result.stderr[-3000:]
+
+
+def test_a_stopped_rank_on_two_simulated_gaudis_is_reported_without_a_collective_count_or_flight_record(tmp_path):
+    """On simulated Gaudis (issue 46, point 1: 'hccl' without a timeout, sequence numbers or a flight record, as the
+    bridge), rank 1 stops itself (SIGSTOP) after step 5: the other rank waits in an HCCL collective that never
+    times out, the watchdog names the stopped rank, and the reports say what HCCL cannot tell (no collective count,
+    no flight record: "waiting in" is the main thread's innermost frame)."""
+    out = tmp_path / "run"
+    on_two_simulated_gaudis(
+        tmp_path, ["train_stalls.py", str(tmp_path), "5", "--max_steps", "12", "--hang_timeout", "6"]
+    )
     (folder,) = out.glob("hang-*")
     reports = {rank: (folder / f"rank{rank}.txt").read_text() for rank in (0, 1)}
     assert "stalled: rank(s) 1: its process stopped running" in reports[0], reports[0][:600]
@@ -126,20 +134,8 @@ def test_on_simulated_gaudis_a_long_compile_in_step_2_never_fires_and_a_stall_in
     --hang_timeout 2) and never returns in step 3. Steps 1-3 of a process may compile: the first passes, the second
     fires after --hang_long_timeout (12 s), not after the 2 s limit."""
     out = tmp_path / "run"
-    env = {k: v for k, v in job_environment().items() if not k.startswith(("PT_HPU", "FAKE_HPU"))}
-    env.update(PYTHONPATH=os.pathsep.join([FAKES, env["PYTHONPATH"]]), FAKE_HPU_DEVICE="1", FAKE_HPU_DEVICE_COUNT="2")
-    result = subprocess.run(
-        launch_command("--world_size", "2", str(SCRIPTS / "train_compiles.py"), str(tmp_path), "2", "8", "3")
-        + ["--output_dir", str(out), "--max_steps", "6", "--save_strategy", "no", "--logging_steps", "1"]
-        + ["--per_device_train_batch_size", "4", "--report_to", "none", "--disable_tqdm", "true", "--use_habana"]
-        + ["--hang_timeout", "2", "--hang_long_timeout", "12"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
-    assert result.returncode != 0, result.stderr[-3000:]
+    script = ["train_compiles.py", str(tmp_path), "2", "8", "3", "--max_steps", "6"]
+    on_two_simulated_gaudis(tmp_path, [*script, "--hang_timeout", "2", "--hang_long_timeout", "12"])
     (folder,) = out.glob("hang-*")  # one verdict: step 2's 8 s did not fire
     summary = (folder / "summary.txt").read_text()
     assert " in step 3 " in summary, summary
