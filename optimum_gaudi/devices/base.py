@@ -77,6 +77,8 @@ class Device:
     # shapes not seen before and the step after it
     compiling_first_steps: ClassVar[int] = 0
     compiles_new_shapes: ClassVar[bool] = False
+    # memory of its own, which a run's memory plan is checked against (a CPU shares the machine's with the OS)
+    has_own_memory: ClassVar[bool] = False
 
     def count(self) -> int:
         return 1

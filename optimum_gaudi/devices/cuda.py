@@ -126,6 +126,7 @@ class CUDADevice(Device):
     type = "cuda"
     ddp_backend = "nccl"
     torch_context_parallel = True
+    has_own_memory = True
     behaviour = {
         "use_habana": "no Gaudi here: runs on CUDA",
         "use_lazy_mode": "eager execution (no lazy graphs on CUDA)",

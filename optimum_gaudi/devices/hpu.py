@@ -200,6 +200,7 @@ class HPUDevice(Device):
     # typically take longer".
     compiling_first_steps = 3
     compiles_new_shapes = True
+    has_own_memory = True
     behaviour = {
         "use_habana": "Gaudi device hpu",
         "use_lazy_mode": "PT_HPU_LAZY_MODE=1, mark_step() after backward and optimizer step",

@@ -20,7 +20,7 @@ GB = 1e9
 
 def card_of(device: Any) -> Card | None:
     """This run's card as the planner sees it: its kind and the memory the device reports; None on a CPU."""
-    if device.type not in ("hpu", "cuda"):
+    if not device.has_own_memory:
         return None
     _, total = device.memory_info()
     return Card(f"this {device.type}", total / GB, None, None, 0.0, "the device's own total", device.type)
