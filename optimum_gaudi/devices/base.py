@@ -17,6 +17,13 @@ from ..precision.fp8 import Fp8Plan
 
 logger = logging.getLogger(__name__)
 
+
+def has_fp8_matmul(device_type: str) -> bool:
+    """Whether this torch has an fp8 matmul (``aten::_scaled_mm``) for the device: CPU's came with torch 2.8."""
+    key = torch._C._dispatch_key_for_device(device_type)
+    return torch._C._dispatch_has_kernel_for_dispatch_key("aten::_scaled_mm", key)
+
+
 # Gaudi feature -> what it means, in a word, on the device. Each subclass fills the same keys.
 FEATURES = (
     "use_habana",
@@ -199,7 +206,14 @@ class Device:
         ):  # its prebuilt CUDA extensions for another torch fail to load, harmlessly, at import
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        config = Float8LinearConfig()
+        config = Float8LinearConfig(emulate=not has_fp8_matmul(self.type))
+        if config.emulate:
+            logger.info(
+                "torch %s has no fp8 matmul on %s (torch 2.8 brought it): torchao rounds through fp8 and multiplies "
+                "in higher precision, the same numerics.",
+                torch.__version__,
+                self.type.upper(),
+            )
 
         def convert(model: torch.nn.Module, layers: set[torch.nn.Linear]) -> None:
             convert_to_float8_training(model, config=config, module_filter_fn=lambda module, _: module in layers)

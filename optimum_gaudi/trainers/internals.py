@@ -131,7 +131,8 @@ INTERNALS: tuple[Internal, ...] = (
              "overridden: prompts cut to max_prompt_length as TRL < 1 cut them", "loaded"),
     # ---- torch -----------------------------------------------------------------------------------------------
     Internal("torch", "_C", "module", ("precision/op_lists.py", "precision/autocast.py",
-             "features/linear_cross_entropy.py", "distributed/watchdog.py"), "the dispatcher and c10d bindings"),
+             "features/linear_cross_entropy.py", "distributed/watchdog.py", "devices/base.py"),
+             "the dispatcher and c10d bindings"),
     Internal("torch._C", "_ExcludeDispatchKeyGuard", "class", ("precision/autocast.py",),
              "op-list autocast: a cast kernel calls the op below the autocast key"),
     Internal("torch._C", "DispatchKeySet", "class", ("precision/autocast.py",), "op-list autocast's key set"),
@@ -140,9 +141,10 @@ INTERNALS: tuple[Internal, ...] = (
              "op-list autocast: the kernels torch's own autocast registers, replaced while ours are installed"),
     Internal("torch._C", "_dispatch_get_all_op_names", "callable", ("precision/op_lists.py",),
              "the op names an op list may use", required=False),
-    Internal("torch._C", "_dispatch_key_for_device", "callable", ("features/linear_cross_entropy.py",),
-             "whether the device has a kernel for the fused loss's fp32 matmul"),
-    Internal("torch._C", "_dispatch_has_kernel_for_dispatch_key", "callable", ("features/linear_cross_entropy.py",),
+    Internal("torch._C", "_dispatch_key_for_device", "callable", ("features/linear_cross_entropy.py", "devices/base.py"),
+             "whether the device has a kernel for the fused loss's fp32 matmul, or for fp8 matmuls"),
+    Internal("torch._C", "_dispatch_has_kernel_for_dispatch_key", "callable",
+             ("features/linear_cross_entropy.py", "devices/base.py"),
              "as _dispatch_key_for_device"),
     # FSDP2 on torch 2.6 and 2.7 (no switch to sum): each unit's parameter group given ReduceOp.SUM
     Internal("torch.distributed.fsdp:FSDPModule", "_get_fsdp_state", "callable", ("distributed/fsdp.py",),

@@ -20,7 +20,7 @@ from conftest import GAUDI_SOFTWARE, has_torchao
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from optimum_gaudi import GaudiArgumentError, GaudiTrainer, GaudiTrainingArguments
-from optimum_gaudi.devices import detect_device
+from optimum_gaudi.devices import base, detect_device
 from optimum_gaudi.devices.cuda import CUDADevice
 from optimum_gaudi.precision.fp8 import eligible_linears
 
@@ -75,6 +75,19 @@ def test_fp8_on_cpu_trains_a_llama_in_float8_close_to_bf16(tmp_path, torchao):
     trainer, fp8 = trained(tmp_path / "fp8", fp8=True)
     kinds = {type(m).__name__ for m in trainer.model.model.layers.modules() if "Linear" in type(m).__name__}
     assert kinds == {"Float8Linear"} and type(trainer.model.lm_head) is torch.nn.Linear
+    assert_close_losses(fp8, bf16)
+
+
+@pytest.mark.skipif(not has_torchao, reason="needs the [fp8] extra (torchao)")
+def test_fp8_on_a_torch_without_an_fp8_matmul_for_the_cpu_trains_emulated(tmp_path, torchao, monkeypatch):
+    """torch 2.6 and 2.7 (Gaudi 1.20-1.22) have no ``aten::_scaled_mm`` on CPU: torchao's Float8Linear raised
+    NotImplementedError at step 1. There it rounds through fp8 and multiplies in higher precision, the same
+    numerics; on a torch that has the kernel, the seam is told it has none, so this runs on every torch."""
+    monkeypatch.setattr(base, "has_fp8_matmul", lambda device_type: False)
+    _, bf16 = trained(tmp_path / "bf16")
+    trainer, fp8 = trained(tmp_path / "fp8", fp8=True)
+    layers = [m for m in trainer.model.model.layers.modules() if type(m).__name__ == "Float8Linear"]
+    assert len(layers) == 2 * 7 and all(layer.config.emulate for layer in layers)
     assert_close_losses(fp8, bf16)
 
 
