@@ -125,8 +125,9 @@ def _accelerate_environment():
 
 
 # torchao (--fp8 on CPU) sits beside .venv (the Makefile's TORCHAO): off sys.path until a test needs it, because
-# transformers imports it in every process and it logs about its CUDA extensions there.
-TORCHAO_DIR = Path(__file__).resolve().parents[1] / ".venv-torchao"
+# transformers imports it in every process and it logs about its CUDA extensions there. tests/compat/torch.sh names
+# the one that goes with each older torch (TORCHAO_DIR).
+TORCHAO_DIR = Path(os.environ.get("TORCHAO_DIR") or Path(__file__).resolve().parents[1] / ".venv-torchao")
 has_torchao = importlib.util.find_spec("torchao") is not None or (TORCHAO_DIR / "torchao").is_dir()
 
 

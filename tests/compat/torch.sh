@@ -7,7 +7,9 @@
 # PyPI's Linux builds of torch are CUDA builds (about 3 GB with their CUDA libraries; 1-3 minutes to install here)
 # where a Gaudi's torch is a CPU build: they run on the CPU all the same, and the simulated Gaudi stands where a
 # CPU build would (tests/fakes/README.md). The package is imported from the working tree; transformers and the rest
-# are the newest that install beside each torch.
+# are the newest that install beside each torch. torchao (--fp8 on CPU: the release made for that torch, from
+# gaudi_torch.txt) and DeepSpeed go in folders of their own in the venv, on the path only of the tests that use
+# them, as the Makefile keeps them apart from .venv; DeepSpeed's tests run after the rest (TORCH_TESTS=all).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -15,7 +17,7 @@ PYTHON=${PYTHON:-python3}
 ROOT=${TORCH_COMPAT_ROOT:-.venv-torch}
 TORCH_TESTS=${TORCH_TESTS:-all}
 # What touches every feature on another torch: the unit suite, then FSDP + sharded checkpoints, context parallelism,
-# fp8, the fused loss, DDP and fast_ddp, the watchdog, resume and the simulated-Gaudi launches.
+# fp8, the fused loss, DDP and fast_ddp, the watchdog, resume and the simulated-Gaudi launches; DeepSpeed apart.
 INTEGRATION=(
 	tests/integration/devices/test_run_clm_on_the_simulated_hpu.py
 	tests/integration/devices/test_hpu_launch_and_lazy_mode.py
@@ -48,13 +50,21 @@ for version in "${VERSIONS[@]}"; do
 		"$venv/bin/python" -m pip install -q "torch==$version" 2>&1 | grep -v "is ignored" || true
 		"$venv/bin/python" -m pip install -q -e ".[tests]" 2>&1 | grep -v "is ignored" || true
 		"$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$version')"
+		torchao=$(awk -v torch="$version" '$2 == torch { print $3; exit }' tests/compat/gaudi_torch.txt)
+		pip_into() { "$venv/bin/python" -m pip install -q --no-deps --target "$@" 2>&1 | grep -v "is ignored" || true; }
+		[ -z "$torchao" ] || pip_into "$venv/torchao" "torchao==$torchao"
+		pip_into "$venv/deepspeed" deepspeed einops hjson msgpack ninja nvidia-ml-py py-cpuinfo
 		touch "$venv/.installed"
 	fi
 	echo "=== torch $version ==="
 	start=$(date +%s)
-	if HF_HUB_OFFLINE=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider "${TESTS[@]}"; then
-		result=passed
-	else
+	result=passed
+	if ! HF_HUB_OFFLINE=1 TORCHAO_DIR="$venv/torchao" "$venv/bin/python" -m pytest -q -p no:cacheprovider "${TESTS[@]}"; then
+		result=FAILED
+		status=1
+	fi
+	if [ "$TORCH_TESTS" = all ] && ! HF_HUB_OFFLINE=1 PYTHONPATH="$PWD/$venv/deepspeed" PATH="$PWD/$venv/deepspeed/bin:$PATH" \
+		"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/integration/distributed/test_deepspeed.py; then
 		result=FAILED
 		status=1
 	fi
