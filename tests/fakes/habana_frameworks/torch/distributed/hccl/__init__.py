@@ -122,15 +122,29 @@ def _create_device_process_group_hccl(backend_opts, pg_opts):
 
 
 class _DoneWork(dist._Work):
-    """A collective that has finished (the host copies are synchronous)."""
+    """A collective that has finished (the host copies are synchronous).
+
+    The bridge's ``WorkHCCL`` is a C++ object, alive as long as torch's C++ holds it. This one is a Python subclass:
+    torch 2.6's functional collectives (``_c10d_functional``, DTensor's ``full_tensor``) keep only its C++ part until
+    ``wait_tensor``, and once the Python object is collected the base ``Work::wait`` runs, which waits forever for a
+    completion nobody marks. So each work stays referenced here until it is waited on (the newest ``_KEPT`` of
+    them: a work nobody waits on, as DDP's reducer reads only its future, is let go in time)."""
+
+    _KEPT = 4096
+    _alive: dict[int, "_DoneWork"] = {}
 
     def __init__(self, result):
         super().__init__()
         self._future = torch.futures.Future()
         self._future.set_result(result)
+        alive = _DoneWork._alive
+        alive[id(self)] = self
+        if len(alive) > self._KEPT:
+            del alive[next(iter(alive))]
 
     def wait(self, timeout=None):
         """``ProcessGroupHCCL.cpp`` ``WorkHCCL::wait``: the timeout is ignored ("abort API is not implemented")."""
+        _DoneWork._alive.pop(id(self), None)
         return True
 
     def get_future(self):
