@@ -131,6 +131,17 @@ TORCHAO_DIR = Path(os.environ.get("TORCHAO_DIR") or Path(__file__).resolve().par
 has_torchao = importlib.util.find_spec("torchao") is not None or (TORCHAO_DIR / "torchao").is_dir()
 
 
+def _cpu_fsdp_problem() -> str | None:
+    from optimum_gaudi.devices.cpu import CPUDevice
+
+    return CPUDevice().fsdp_problem()
+
+
+# FSDP2 on CPU processes: torch 2.6's CPU streams record no events, so the arguments refuse --fsdp there in one line
+# (tests/unit/distributed/test_fsdp.py); FSDP on simulated Gaudis runs on every torch.
+cpu_fsdp = pytest.mark.skipif(_cpu_fsdp_problem() is not None, reason=str(_cpu_fsdp_problem()))
+
+
 def use_torchao() -> None:
     """Make torchao importable in this process (it stays: an imported module cannot be taken back anyway)."""
     if importlib.util.find_spec("torchao") is None:

@@ -186,6 +186,16 @@ class Device:
 
     # ---- fp8 (precision/fp8.py): torchao's float8 training here, the Gaudi Transformer Engine on a Gaudi ------------
 
+    def fsdp_problem(self) -> str | None:
+        """Why --fsdp cannot run here, in one line; None when it can. FSDP2 overlaps its collectives on streams of
+        the device's module and records events on them: torch 2.6's CPU streams have no ``record_event``."""
+        if hasattr(torch.get_device_module(self.type).Stream, "record_event"):
+            return None
+        return (
+            f"--fsdp on {self.type.upper()} needs torch 2.7 or newer (FSDP2 records events on the device's streams, "
+            f"which torch {torch.__version__}'s {self.type.upper()} streams lack): train with DDP, or --deepspeed."
+        )
+
     def fp8_problem(self, compiling: bool = False) -> str | None:
         """Why --fp8 cannot train here, in one line; None when it can (``compiling``: with --torch_compile)."""
         if importlib.util.find_spec("torchao") is None:

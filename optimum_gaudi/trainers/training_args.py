@@ -377,6 +377,9 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             if problem is not None:
                 raise GaudiArgumentError(problem)
             self.fsdp_config = fsdp2_config(read_fsdp_config(self.fsdp_config), _FSDP_DEFAULT_VERSION)
+            problem = self.gaudi_device.fsdp_problem()  # after the settings' own checks: they hold on any torch
+            if problem is not None:
+                raise GaudiArgumentError(problem)
         super().__post_init__()
         self._check_deepspeed_config()
         self._sharded_checkpoints()

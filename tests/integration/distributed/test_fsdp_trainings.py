@@ -14,7 +14,7 @@ from pathlib import Path
 
 import census
 import pytest
-from conftest import FAKES, TORCHAO_DIR, has_torchao, use_torchao
+from conftest import FAKES, TORCHAO_DIR, cpu_fsdp, has_torchao, use_torchao
 from support import SCRIPTS, TESTS
 
 SCRIPT = SCRIPTS / "fsdp_features.py"
@@ -57,6 +57,7 @@ def one_process(tmp_path, cases: list[str]) -> dict:
     return {name: worker.run_case(name, "single", str(tmp_path / "single")) for name in cases}
 
 
+@cpu_fsdp
 def test_fsdp_with_each_gaudi_feature_trains_as_ddp_and_one_process(tmp_path):
     """Fused AdamW and clipping with accumulation, op-list autocast, LoRA, regional compilation, fp8 (torchao) on
     a Llama sharded by optimum-habana's fsdp_config.json, and a GPT-2: FSDP's losses are DDP's and one

@@ -130,3 +130,15 @@ def test_fsdp_on_a_gaudi_with_a_torch_that_cannot_sum_is_one_line(monkeypatch):
     check_sum_reductions(SimpleNamespace(collectives_average=True, type="cpu"))
     with pytest.raises(FsdpConfigError, match=r"^--fsdp on HPU: its collectives take no ReduceOp.AVG, and this torch "):
         check_sum_reductions(HPUDevice())
+
+
+def test_fsdp_where_the_devices_streams_record_no_events_is_one_line(monkeypatch, tmp_path):
+    """FSDP2 records events on the device module's streams; torch 2.6's CPU streams have no ``record_event`` (an
+    AttributeError at step 1 on each rank). Here told so on any torch; on 2.6 the real streams answer it."""
+    import torch
+
+    if hasattr(torch.cpu.Stream, "record_event"):
+        monkeypatch.setattr(torch.cpu, "Stream", type("Stream", (), {}))
+    with pytest.raises(GaudiArgumentError, match=r"^--fsdp on CPU needs torch 2.7 or newer \(FSDP2 records") as e:
+        GaudiTrainingArguments(output_dir=str(tmp_path), fsdp="full_shard", report_to=[])
+    assert "\n" not in str(e.value)
