@@ -142,6 +142,27 @@ def _close_progress_bars() -> None:
             pass
 
 
+def install_excepthook() -> None:
+    """A script that does not catch our errors (optimum-habana's, unchanged but for their imports) ends on a
+    UserError's one line, as the project's own examples end, not on a traceback ending in it; every other
+    exception keeps its traceback (the hook before ours prints it)."""
+    previous = sys.excepthook
+    if getattr(previous, "prints_user_errors", False):
+        return
+
+    def hook(kind: type[BaseException], exc: BaseException, traceback: Any) -> None:
+        if not isinstance(exc, UserError):
+            previous(kind, exc, traceback)
+            return
+        _close_progress_bars()
+        message = one_line(str(exc))
+        if not _left_for_the_launcher(message):
+            print(f"error: {message}", file=sys.stderr, flush=True)
+
+    hook.prints_user_errors = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+
+
 def run_main(main: Callable[..., Any], argv: Sequence[str] | None = None) -> NoReturn:
     """The ``if __name__ == "__main__":`` line of a script: :func:`call_main`, then exit with its status."""
     sys.exit(call_main(main, argv))
