@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import _legacy_paths, errors
+from . import _legacy_paths
 
 __version__ = "0.1.0"
 
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 
 
 _legacy_paths.install()  # module paths from before 0.2's layout: one FutureWarning each
-errors.install_excepthook()  # a script without a handler of ours ends on a user error's one line
 
 
 def __getattr__(name: str) -> Any:

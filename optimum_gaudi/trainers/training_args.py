@@ -24,7 +24,7 @@ from ..devices.hpu import bridge_installed, prepare_bridge
 from ..distributed.fsdp import fsdp2_config, read_fsdp_config
 from ..distributed.host_group import honour_timeout
 from ..distributed.layout import ParallelLayout, argument_problem
-from ..errors import UserError
+from ..errors import UserError, install_excepthook
 from ..features import attention
 from ..features.compilation import apply_dynamo_options, check_compile_flags, compile_choice_problem
 from ..launch.ranks import enable_flight_recorder
@@ -41,6 +41,10 @@ HALF_PRECISION_BACKENDS = ("auto", "hpu_amp", "cpu_amp")
 FAST_DDP_DTYPES = ("auto", "float32", "bfloat16")
 DEFAULT_MAX_HPU_GRAPHS = 10  # ModuleCacher's default in the bridge (hpu/graphs.py)
 
+
+# Every script builds these arguments: one that has no handler of ours (optimum-habana's, unchanged) then ends on a
+# user error's one line, as the project's own examples end, not on a traceback ending in it.
+install_excepthook()
 
 # The FSDP version transformers runs when --fsdp_config names none: FSDP2 from transformers 5, FSDP1 before.
 _FSDP_DEFAULT_VERSION = 2 if int(transformers.__version__.split(".")[0]) >= 5 else 1

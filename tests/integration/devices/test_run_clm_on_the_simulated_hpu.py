@@ -19,7 +19,7 @@ from pathlib import Path
 import census
 import pytest
 import torch
-from conftest import FAKES, GAUDI_SOFTWARE, ON_DEVICE
+from conftest import DYNAMO_BREAKS_IN_TRANSFORMERS, FAKES, GAUDI_SOFTWARE, ON_DEVICE
 from support import REPO, TESTS
 
 from optimum_gaudi import GaudiConfig
@@ -197,5 +197,8 @@ def test_a_llama_compiles_once_with_gaudis_fused_kernels_on_the_device(tmp_path,
     flags = [*llama, "--do_train", "--max_steps", "3", "--torch_compile", "--bf16", "--gaudi_config_name", "llama"]
     flags += ["--attn_implementation", "gaudi_fused_sdpa"]
     result, log = run_clm_process(tmp_path, cache, "1.21", *flags, launcher=None)
-    assert log["names"].count("dynamo.hpu_backend") == 1  # traced kernels leave no record (they run in the graph)
+    # traced kernels leave no record (they run in the graph); torch 2.6 compiles the model as 3 graphs (dynamo breaks
+    # twice in transformers' wrappers), each once: a recompilation at every step would make 9
+    graphs = 3 if DYNAMO_BREAKS_IN_TRANSFORMERS else 1
+    assert log["names"].count("dynamo.hpu_backend") == graphs
     assert math.isfinite(json.loads((tmp_path / "out" / "train_results.json").read_text())["train_loss"])

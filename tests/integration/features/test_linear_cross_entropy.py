@@ -18,7 +18,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import transformers
-from conftest import has_torchao
+from conftest import DYNAMO_BREAKS_IN_TRANSFORMERS, cpu_fsdp, has_torchao
 from support import SCRIPTS
 from tiny import NO_DROPOUT, gpt2, lm_data
 from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
@@ -233,10 +233,11 @@ def test_on_cuda_under_bf16_autocast_the_weight_gradient_is_added_into_float32_i
 @pytest.mark.parametrize("chunk_step", ["eager", "compiled"])
 def test_compiles_without_graph_breaks(chunk_step):
     """The whole model, its hooks and the fused loss, forward and backward, in one graph (a break raises): no break
-    between the last block and the loss; a compiled chunk step is traced into the model's graph."""
+    between the last block and the loss; a compiled chunk step is traced into the model's graph. Where dynamo
+    breaks in transformers' own wrappers (torch 2.6), none of the breaks is in the package's code."""
     model, reference = llama(), llama()
     torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    compiled = torch.compile(model, fullgraph=not DYNAMO_BREAKS_IN_TRANSFORMERS, backend="eager")
     kwargs = {**batch(), "num_items_in_batch": torch.tensor(23)}
     expected = reference(**kwargs).loss
     expected.backward()
@@ -249,6 +250,13 @@ def test_compiles_without_graph_breaks(chunk_step):
     assert got.logits.shape[1] == 1
     torch.testing.assert_close(got.loss, expected, rtol=1e-5, atol=0)
     torch.testing.assert_close(model.lm_head.weight.grad, reference.lm_head.weight.grad, rtol=1e-4, atol=1e-6)
+    if DYNAMO_BREAKS_IN_TRANSFORMERS:
+        torch._dynamo.reset()
+        with fused.step():
+            explanation = torch._dynamo.explain(model)(**kwargs)
+        assert explanation.graph_break_count > 0  # transformers' wrappers
+        stacks = [reason.user_stack for reason in explanation.break_reasons]
+        assert not [frame for stack in stacks for frame in stack if "optimum_gaudi" in frame.filename]
 
 
 def padded_rows(rows: int = 16) -> list[dict]:
@@ -430,6 +438,7 @@ def test_the_gaudi_config_key_steps_aside_where_it_cannot_serve(tmp_path, caplog
     assert FusedLinearCrossEntropy.of(trainer.model, strict=False) is None
 
 
+@cpu_fsdp
 def test_fsdp_sharded_heads_give_the_models_own_losses(tmp_path):
     """FSDP2 on 2 processes, an untied Llama: the output layer in the root unit, and as a unit of its own (resharded
     after its forward, so the loss gathers it again and FSDP reduce-scatters its gradient), also with the chunk

@@ -37,6 +37,6 @@ def test_an_unchanged_script_ends_on_the_one_line_a_refused_flag_gets_not_a_trac
     run = subprocess.run([sys.executable, "-c", refused], capture_output=True, text=True, cwd=REPO)
     assert run.returncode != 0 and "Traceback" not in run.stderr
     assert run.stderr.strip().splitlines()[-1].startswith("error: --use_lazy_mode cannot be combined with --fsdp:")
-    bug = "import optimum_gaudi\nraise KeyError('a bug')\n"
+    bug = "from optimum_gaudi import GaudiTrainingArguments\nraise KeyError('a bug')\n"
     run = subprocess.run([sys.executable, "-c", bug], capture_output=True, text=True, cwd=REPO)
     assert "Traceback" in run.stderr and run.stderr.strip().endswith("KeyError: 'a bug'")
