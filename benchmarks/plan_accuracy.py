@@ -252,7 +252,8 @@ def _machine() -> str:
     vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
     bf16 = ", AVX512-BF16" if "avx512_bf16" in flags else ""
     return (f"Measured on: {model}, {vector}{bf16}, {os.cpu_count()} cores, torch {torch.__version__}; one thread a "
-            "process; float32 unless the flags say bf16 (autocast) or fp8 (torchao); MB = 10^6 bytes.")  # fmt: skip
+            "process; float32 unless the flags say bf16 (autocast) or fp8 (torchao); MB = 10^6 bytes. The cores may be "
+            "shared with other work: the load average at the start is in the line below.")  # fmt: skip
 
 
 if __name__ == "__main__":
