@@ -8,7 +8,8 @@ The table compares the largest rank. Beside it, what was live at most (malloc's 
 op) against the tensors the plan counts (its peak less the CPU workspace): the arithmetic's own error, apart from
 the freed blocks the heap keeps.
 
-This file is also the worker: ``python -m benchmarks.plan_accuracy OUT.json SETTING_JSON``.
+This file is also the worker: ``python -m benchmarks.plan_accuracy OUT.json SETTING_JSON``; and
+``python -m benchmarks.plan_accuracy --trace NAME`` measures one setting and names the ops that grew the heap.
 """
 
 from __future__ import annotations
@@ -90,29 +91,45 @@ class _MallocInfo(ctypes.Structure):
                  "keepcost")]  # fmt: skip
 
 
-def _malloc_in_use() -> int | None:
-    """Bytes malloc has handed out and not had back (heap and mapped blocks): the live tensors and whatever else
-    the process holds, without the freed blocks a heap keeps. None without glibc's mallinfo2."""
+def _malloc_info() -> _MallocInfo | None:
     try:
         mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
     except (OSError, AttributeError):
         return None
     mallinfo2.restype = _MallocInfo
-    info = mallinfo2()
-    return info.uordblks + info.hblkhd
+    return mallinfo2()
 
 
-def _live_peak_tracker():
+def _malloc_in_use() -> int | None:
+    """Bytes malloc has handed out and not had back (heap and mapped blocks): the live tensors and whatever else
+    the process holds, without the freed blocks a heap keeps. None without glibc's mallinfo2."""
+    info = _malloc_info()
+    return None if info is None else info.uordblks + info.hblkhd
+
+
+def _live_peak_tracker(trace: bool = False):
     """A dispatch mode that reads malloc's bytes in use after every op: the peak of what is live, to tell the
-    plan's tensor arithmetic apart from the heap's kept blocks (the resident set's high-water mark holds both)."""
+    plan's tensor arithmetic apart from the heap's kept blocks (the resident set's high-water mark holds both).
+    ``trace``: also the heap's growth (arena and mapped bytes) by the op that grew it, to see which freed blocks
+    the heap could not reuse."""
+    from collections import Counter
+
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class LivePeak(TorchDispatchMode):
-        peak = 0
+        def __init__(self) -> None:
+            super().__init__()
+            self.peak, self.extent, self.growth = 0, 0, Counter()
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             result = func(*args, **(kwargs or {}))
-            self.peak = max(self.peak, _malloc_in_use() or 0)
+            info = _malloc_info()
+            if info is not None:
+                self.peak = max(self.peak, info.uordblks + info.hblkhd)
+                extent = info.arena + info.hblkhd
+                if trace and self.extent and extent > self.extent:
+                    self.growth[str(func)] += extent - self.extent
+                self.extent = max(self.extent, extent)
             return result
 
     return LivePeak()
@@ -147,12 +164,13 @@ def work(out: str, spec: str) -> None:
         model_config = transformers.AutoConfig.for_model(kind, **{k: v for k, v in config.items() if k != "model_type"})
         model = transformers.AutoModelForCausalLM.from_config(model_config)
         trainer = GaudiTrainer(model=model, args=args, train_dataset=data)
-        tracker = _live_peak_tracker()
+        tracker = _live_peak_tracker(trace=bool(os.environ.get("PLAN_TRACE")))
         with tracker:
             trainer.train()
         peak = _high_water() - baseline
     live = None if in_use is None else tracker.peak - in_use
-    mine = {"training_peak": peak, "live_peak": live, "parameters": sum(p.numel() for p in model.parameters())}
+    mine = {"training_peak": peak, "live_peak": live, "parameters": sum(p.numel() for p in model.parameters()),
+            "heap_growth": tracker.growth.most_common(8)}  # fmt: skip
     if world > 1:
         ranks = [None] * world
         torch.distributed.all_gather_object(ranks, mine)
@@ -186,7 +204,19 @@ def measure(name: str) -> dict:
         ranks = json.loads(out.read_text())
     largest = max(ranks, key=lambda r: r["training_peak"])
     return {"training_peak": largest["training_peak"], "live_peak": largest["live_peak"],
-            "parameters": ranks[0]["parameters"]}  # fmt: skip
+            "parameters": ranks[0]["parameters"], "heap_growth": largest["heap_growth"]}  # fmt: skip
+
+
+def trace(name: str) -> str:
+    """Setting ``name`` measured once more, with the ops that grew the heap after the model was built and by how
+    much: ``python -m benchmarks.plan_accuracy --trace gpt2_ckpt``."""
+    os.environ["PLAN_TRACE"] = "1"
+    _, plan = predict(name)
+    m = measure(name)
+    grown = ", ".join(f"{op} {size / MB:.1f}" for op, size in m["heap_growth"])
+    return (f"{name}: predicted {plan.training / MB:.0f} MB ({(plan.training - plan.workspace) / MB:.0f} MB of "
+            f"tensors), measured {m['training_peak'] / MB:.0f} MB, live at most {m['live_peak'] / MB:.0f} MB; the "
+            f"heap grew (MB) at: {grown}")  # fmt: skip
 
 
 def predict(name: str):
@@ -257,4 +287,7 @@ def _machine() -> str:
 
 
 if __name__ == "__main__":
-    work(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "--trace":
+        print(trace(sys.argv[2]))
+    else:
+        work(sys.argv[1], sys.argv[2])
