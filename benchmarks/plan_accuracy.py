@@ -1,11 +1,15 @@
 """The planner's per-rank memory against a measured training run on this CPU (issue 48's target: within 15%).
 
-Each setting trains in fresh processes (one, or torchrun's), float32 (this CPU has no bf16 instructions). A rank
-measures the training's own memory: the resident set's high-water mark (VmHWM, reset through
-/proc/self/clear_refs once the heap is trimmed) less the resident set just before the model is built, the same
-quantity as the plan's peak less its runtime reserve (``Breakdown.training``). The table compares the largest rank.
+Each setting trains in fresh processes (one, or torchrun's), float32 unless its flags ask for bf16 autocast or
+fp8 (torchao's float8 layers, from .venv-torchao). A rank measures the training's own memory: the resident set's
+high-water mark (VmHWM, reset through /proc/self/clear_refs once the heap is trimmed) less the resident set just
+before the model is built, the same quantity as the plan's peak less its runtime reserve (``Breakdown.training``).
+The table compares the largest rank. Beside it, what was live at most (malloc's bytes in use, read after every
+op) against the tensors the plan counts (its peak less the CPU workspace): the arithmetic's own error, apart from
+the freed blocks the heap keeps.
 
-This file is also the worker: ``python -m benchmarks.plan_accuracy OUT.json SETTING_JSON``.
+This file is also the worker: ``python -m benchmarks.plan_accuracy OUT.json SETTING_JSON``; and
+``python -m benchmarks.plan_accuracy --trace NAME`` measures one setting and names the ops that grew the heap.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+TORCHAO = ROOT / ".venv-torchao"  # torchao (--fp8 on a CPU) beside the venv, as the tests put it on the path
 MB = 1e6
 
 # Small Llama and GPT-2 shapes whose weights, activations and logits are each tens of MB: big enough to stand
@@ -48,6 +53,9 @@ SETTINGS = {
     "llama_cp2": (LLAMA, 2, 256, 2, {"context_parallel_size": 2}),
     "llama_107m": (LLAMA_107M, 1, 128, 2, {}),
     "llama_107m_fsdp2": (LLAMA_107M, 2, 128, 2, FSDP2),
+    "llama_bf16": (LLAMA, 1, 128, 4, {"bf16": True}),
+    "gpt2_bf16": (GPT2, 1, 128, 4, {"bf16": True}),
+    "llama_fp8": (LLAMA, 1, 128, 4, {"bf16": True, "fp8": True}),
 }
 
 
@@ -75,6 +83,58 @@ def _fresh_baseline() -> int:
     return _rss()
 
 
+class _MallocInfo(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (malloc.h)."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]  # fmt: skip
+
+
+def _malloc_info() -> _MallocInfo | None:
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
+    mallinfo2.restype = _MallocInfo
+    return mallinfo2()
+
+
+def _malloc_in_use() -> int | None:
+    """Bytes malloc has handed out and not had back (heap and mapped blocks): the live tensors and whatever else
+    the process holds, without the freed blocks a heap keeps. None without glibc's mallinfo2."""
+    info = _malloc_info()
+    return None if info is None else info.uordblks + info.hblkhd
+
+
+def _live_peak_tracker(trace: bool = False):
+    """A dispatch mode that reads malloc's bytes in use after every op: the peak of what is live, to tell the
+    plan's tensor arithmetic apart from the heap's kept blocks (the resident set's high-water mark holds both).
+    ``trace``: also the heap's growth (arena and mapped bytes) by the op that grew it, to see which freed blocks
+    the heap could not reuse."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LivePeak(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.peak, self.extent, self.growth = 0, 0, Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            info = _malloc_info()
+            if info is not None:
+                self.peak = max(self.peak, info.uordblks + info.hblkhd)
+                extent = info.arena + info.hblkhd
+                if trace and self.extent and extent > self.extent:
+                    self.growth[str(func)] += extent - self.extent
+                self.extent = max(self.extent, extent)
+            return result
+
+    return LivePeak()
+
+
 def work(out: str, spec: str) -> None:
     """One rank: train 3 steps, report the training's own peak."""
     sys.path.insert(0, str(ROOT))
@@ -99,13 +159,18 @@ def work(out: str, spec: str) -> None:
             logging_steps=steps, disable_tqdm=True, learning_rate=1e-4, seed=0, **flags,
         )  # fmt: skip
         baseline = _fresh_baseline()
+        in_use = _malloc_in_use()
         torch.manual_seed(0)
         model_config = transformers.AutoConfig.for_model(kind, **{k: v for k, v in config.items() if k != "model_type"})
         model = transformers.AutoModelForCausalLM.from_config(model_config)
         trainer = GaudiTrainer(model=model, args=args, train_dataset=data)
-        trainer.train()
+        tracker = _live_peak_tracker(trace=bool(os.environ.get("PLAN_TRACE")))
+        with tracker:
+            trainer.train()
         peak = _high_water() - baseline
-    mine = {"training_peak": peak, "parameters": sum(p.numel() for p in model.parameters())}
+    live = None if in_use is None else tracker.peak - in_use
+    mine = {"training_peak": peak, "live_peak": live, "parameters": sum(p.numel() for p in model.parameters()),
+            "heap_growth": tracker.growth.most_common(8)}  # fmt: skip
     if world > 1:
         ranks = [None] * world
         torch.distributed.all_gather_object(ranks, mine)
@@ -131,12 +196,27 @@ def measure(name: str) -> dict:
                 port = s.getsockname()[1]
             command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs), "--master_addr",
                        "127.0.0.1", "--master_port", str(port), "-m", "benchmarks.plan_accuracy", str(out), spec]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        path = [str(ROOT)] + ([str(TORCHAO)] if flags.get("fp8") and TORCHAO.is_dir() else [])
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(path)}
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
         ranks = json.loads(out.read_text())
-    return {"training_peak": max(r["training_peak"] for r in ranks), "parameters": ranks[0]["parameters"]}
+    largest = max(ranks, key=lambda r: r["training_peak"])
+    return {"training_peak": largest["training_peak"], "live_peak": largest["live_peak"],
+            "parameters": ranks[0]["parameters"], "heap_growth": largest["heap_growth"]}  # fmt: skip
+
+
+def trace(name: str) -> str:
+    """Setting ``name`` measured once more, with the ops that grew the heap after the model was built and by how
+    much: ``python -m benchmarks.plan_accuracy --trace gpt2_ckpt``."""
+    os.environ["PLAN_TRACE"] = "1"
+    _, plan = predict(name)
+    m = measure(name)
+    grown = ", ".join(f"{op} {size / MB:.1f}" for op, size in m["heap_growth"])
+    return (f"{name}: predicted {plan.training / MB:.0f} MB ({(plan.training - plan.workspace) / MB:.0f} MB of "
+            f"tensors), measured {m['training_peak'] / MB:.0f} MB, live at most {m['live_peak'] / MB:.0f} MB; the "
+            f"heap grew (MB) at: {grown}")  # fmt: skip
 
 
 def predict(name: str):
@@ -146,12 +226,13 @@ def predict(name: str):
     config, procs, sequence, micro, flags = SETTINGS[name]
     cp = flags.get("context_parallel_size", 1)
     setting = Setting(
-        strategy="fsdp" if "fsdp" in flags else "ddp", context_parallel=cp, checkpointing=flags.get("gradient_checkpointing", False),
+        strategy="fsdp" if "fsdp" in flags else "ddp", context_parallel=cp, fp8=flags.get("fp8", False),
+        checkpointing=flags.get("gradient_checkpointing", False),
         fused_loss=flags.get("use_fused_linear_cross_entropy", False), micro_batch=micro,
         accumulation=flags.get("gradient_accumulation_steps", 1),
     )  # fmt: skip
     workload = Workload(cards=procs, sequence=sequence, global_batch=micro * procs // cp * setting.accumulation,
-                        precision="fp32")  # fmt: skip
+                        precision="bf16" if flags.get("bf16") else "fp32")  # fmt: skip
     return load_model_shape(config), breakdown(load_model_shape(config), workload, setting, card("cpu"))
 
 
@@ -177,9 +258,12 @@ def run(names=tuple(SETTINGS), log=print) -> tuple[str, dict]:
             *(f"{parts[k] / MB:.0f}" for k in ("weights", "gradients", "optimizer", "activations", "logits/loss",
                                                "comm buffers", "workspace")),
             f"{plan.training / MB:.0f}", f"{measured['training_peak'] / MB:.0f}", f"{error:+.0%}",
+            f"{(plan.training - plan.workspace) / MB:.0f}",
+            "-" if measured["live_peak"] is None else f"{measured['live_peak'] / MB:.0f}",
         ])  # fmt: skip
     header = ["setting", "parameters", "processes", "micro-batch x sequence", "flags", "weights", "grads", "optim",
-              "activ", "logits", "comm", "workspace", "predicted peak (MB)", "measured peak (MB)", "error"]  # fmt: skip
+              "activ", "logits", "comm", "workspace", "predicted peak (MB)", "measured peak (MB)", "error",
+              "tensors counted (MB)", "live at most (MB)"]  # fmt: skip
     return f"{markdown_table(header, rows)}\n\n{_machine()}", results
 
 
@@ -196,9 +280,14 @@ def _machine() -> str:
             elif key.strip() == "flags":
                 flags = set(value.split())
     vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
-    return (f"Measured on: {model}, {vector}, {os.cpu_count()} cores, torch {torch.__version__}; float32, one thread "
-            "a process; MB = 10^6 bytes.")  # fmt: skip
+    bf16 = ", AVX512-BF16" if "avx512_bf16" in flags else ""
+    return (f"Measured on: {model}, {vector}{bf16}, {os.cpu_count()} cores, torch {torch.__version__}; one thread a "
+            "process; float32 unless the flags say bf16 (autocast) or fp8 (torchao); MB = 10^6 bytes. The cores may be "
+            "shared with other work: the load average at the start is in the line below.")  # fmt: skip
 
 
 if __name__ == "__main__":
-    work(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "--trace":
+        print(trace(sys.argv[2]))
+    else:
+        work(sys.argv[1], sys.argv[2])

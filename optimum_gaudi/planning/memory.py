@@ -7,11 +7,13 @@ Counted per rank (one process per card):
 - optimizer state: AdamW's two float32 moments;
 - activations: what each decoder layer saves for its backward, per token (``layer_activation_bytes``), for the
   tokens this rank holds (micro-batch x sequence / context-parallel degree); with gradient checkpointing only
-  each layer's input, plus one layer recomputed;
+  each layer's input, plus one layer recomputed; under bf16 autocast also the bf16 casts of the linear weights
+  each matmul saves (``weight_cast_bytes``);
 - logits/loss: the [tokens, vocabulary] logits, their float32 log-softmax and its gradient; with the fused loss
   only one chunk of them and the output layer's gradient, computed in the forward;
 - communication buffers: DDP's gradient buckets (a Gaudi's gradients are views into them) and on a CPU gloo's
-  working copy of one bucket, fast_ddp's fused buffer, FSDP's gathered layers;
+  working copy of one bucket (held only while a bucket is reduced, with the gradients, never with the loss's
+  tensors), fast_ddp's fused buffer, FSDP's gathered layers;
 - workspace: on a CPU, what a training process holds beyond the tensors (math libraries' buffers, the heap's kept
   blocks), calibrated on this machine; on a card it is part of the reserve;
 - runtime reserve: the runtime's own memory (an assumption, settings.Assumptions).
@@ -19,7 +21,8 @@ Counted per rank (one process per card):
 Peak: gradients are freed before each step (Trainer's ``zero_grad(set_to_none=True)``), so with one micro-batch
 a step and gradients that are not bucket views the activations and the full gradients never live together: the
 peak is the larger of the backward's start (activations, logits, the output layer's gradient) and its end (all
-gradients). With accumulation, or gradients living in DDP's buckets, they add up.
+gradients, and gloo's working copy of the bucket being reduced). With accumulation, or gradients living in DDP's
+buckets, they add up.
 """
 
 from __future__ import annotations
@@ -114,6 +117,23 @@ def activation_bytes(shape: ModelShape, workload: Workload, setting: Setting) ->
     return tokens * (shape.layers * layer + final_norm)
 
 
+def weight_cast_bytes(shape: ModelShape, workload: Workload, setting: Setting) -> float:
+    """The low-precision casts of the linear weights autograd saves for the backward under bf16 autocast (a matmul's
+    backward needs the weight it multiplied by, and under autocast that is the cast, not the float32 master).
+
+    None in float32; none under FSDP, whose bf16 all-gather hands the layers weights that are its own gathered
+    units (counted with the communication buffers); fp8 layers keep their own copies (counted with the weights).
+    With checkpointing only the recomputed layer's casts and the output layer's live at once; the fused loss
+    computes the output layer's gradient in the forward and saves no cast of it."""
+    if workload.precision == "fp32" or setting.strategy == "fsdp":
+        return 0.0
+    low = 2
+    layers = 0 if setting.fp8 else (1 if setting.checkpointing else shape.layers)
+    linear = shape.layer_parameters() - shape.layer_norm_and_bias_parameters()
+    head = 0 if setting.fused_loss else shape.vocab * shape.hidden
+    return low * (layers * linear + head)
+
+
 def logits_bytes(shape: ModelShape, workload: Workload, setting: Setting) -> float:
     """The loss's peak: full logits, or one chunk of them and the output layer's float32 gradient (fused)."""
     tokens = tokens_per_rank(workload, setting)
@@ -143,16 +163,18 @@ def breakdown(
         weights += 2 * shape.layers * shape.layer_parameters() / dp_shards
     gradients = FP32 * n / dp_shards
     optimizer = 2 * FP32 * n / dp_shards
-    activations = activation_bytes(shape, workload, setting)
+    activations = activation_bytes(shape, workload, setting) + weight_cast_bytes(shape, workload, setting)
     logits = logits_bytes(shape, workload, setting)
     head_gradient = 0.0 if setting.fused_loss else FP32 * shape.vocab * shape.hidden / dp_shards
 
     bucket_views = card.kind == "hpu" and setting.strategy == "ddp"  # devices/hpu.py: gradient_as_bucket_view
     communication = 0.0
+    reducing = 0.0  # held only while gradients are reduced: by then the loss's tensors and most activations are freed
     if world > 1 and setting.strategy == "ddp" and not bucket_views:
         communication = FP32 * n  # DDP's buckets, beside the gradients
         if card.kind == "cpu":  # gloo reduces through a working copy of a bucket (HCCL and NCCL on the card)
-            communication += min(FP32 * n, DDP_BUCKET_BYTES)
+            reducing = min(FP32 * n, DDP_BUCKET_BYTES)
+            communication += reducing
     elif world > 1 and setting.strategy == "fast_ddp":
         communication = (2 if card.kind == "hpu" else FP32) * n  # the fused buffer: bf16 on a Gaudi, else float32
     elif setting.strategy == "fsdp":
@@ -174,10 +196,10 @@ def breakdown(
         reserve = assumptions.reserve_gb_cpu.value * GB
 
     workspace = assumptions.workspace_gb_cpu.value * GB if card.kind == "cpu" else 0.0
-    states = weights + optimizer + communication + workspace + reserve
+    states = weights + optimizer + communication - reducing + workspace + reserve
     together = setting.accumulation > 1 or bucket_views
     if together:
-        peak = states + gradients + activations + logits
+        peak = states + reducing + gradients + activations + logits
     else:
-        peak = states + max(activations + logits + head_gradient, gradients)
+        peak = states + max(activations + logits + head_gradient, gradients + reducing)
     return Breakdown(weights, gradients, optimizer, activations, logits, communication, workspace, reserve, peak)

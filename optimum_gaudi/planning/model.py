@@ -54,6 +54,13 @@ class ModelShape:
         attention += (self.q_width + 2 * self.kv_width) * self.attention_bias + 2 * self.head_dim * self.qk_norm
         return attention + 3 * h * i + 2 * h
 
+    def layer_norm_and_bias_parameters(self) -> int:
+        """The part of a layer's parameters that no matmul multiplies by (norms, biases): never cast for one."""
+        h, i = self.hidden, self.intermediate
+        if self.family == "gpt2":
+            return 3 * h + h + i + h + 4 * h
+        return (self.q_width + 2 * self.kv_width) * self.attention_bias + 2 * self.head_dim * self.qk_norm + 2 * h
+
     def embedding_parameters(self) -> int:
         """The token embedding (and GPT-2's position embedding)."""
         return self.vocab * self.hidden + (self.positions * self.hidden if self.family == "gpt2" else 0)

@@ -1,6 +1,9 @@
-"""The run's plan checked against its card when training starts (issue 48): a run whose memory plan does not fit
-says so in one line before step 1, instead of an out-of-memory error after the first compile. ``--ignore_plan``
-goes on anyway.
+"""The run's plan checked against its card (issue 48): a run whose memory plan does not fit says so in one line,
+instead of an out-of-memory error after the first compile. ``--ignore_plan`` goes on anyway.
+
+Two entry points, one check: :func:`check_plan_before_loading`, which a script calls with its arguments and the
+model's config before it loads any weight (the examples do), and :func:`check_the_plan`, which the trainer calls
+before step 1 for a script that did not (a run checked before loading is not checked again).
 
 Only on a card (a Gaudi, a GPU): a CPU's memory is shared with the OS and the other ranks of the machine, where
 `optimum-gaudi plan --card cpu` answers instead. The sequence length is the first training example's (exact for
@@ -10,10 +13,11 @@ dataset it cannot index, is not checked. Every rank computes the same numbers, s
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..errors import UserError
-from ..planning import Card, PlanDoesNotFit, check_run, load_model_shape
+from ..planning import Card, ModelShape, PlanDoesNotFit, check_run, load_model_shape
 
 GB = 1e9
 
@@ -33,19 +37,44 @@ def _first_sequence_length(dataset: Any) -> int | None:
         return None
 
 
-def check_the_plan(trainer: Any) -> None:
-    """Raise :class:`PlanDoesNotFit` (one line) when the run's plan needs more memory than its card holds."""
-    args = trainer.args
-    if args.ignore_plan or trainer.train_dataset is None or getattr(trainer.model, "config", None) is None:
-        return
-    sequence = _first_sequence_length(trainer.train_dataset)
-    card = card_of(trainer.gaudi_device) if sequence else None
-    if card is None:
-        return
+def _shape_of(config: Any) -> ModelShape | None:
+    """The planner's shape of ``config`` without its name (a path here, a copy's name there), or None for a family
+    the planner does not know or a config lacking a width."""
     try:
-        shape = load_model_shape(trainer.model.config)
-    except (UserError, TypeError, ValueError):  # a family the planner does not know, a config lacking a width
+        return dataclasses.replace(load_model_shape(config), name="")
+    except (UserError, TypeError, ValueError):
+        return None
+
+
+def _check(shape: ModelShape, args: Any, sequence: int, device: Any) -> None:
+    """The one check both entry points run: raise :class:`PlanDoesNotFit` where the plan exceeds the card."""
+    card = card_of(device)
+    if card is None:
         return
     message = check_run(shape, args, sequence, card, world=args.world_size)
     if message is not None:
         raise PlanDoesNotFit(message)
+
+
+def check_plan_before_loading(config: Any, args: Any, sequence: int | None) -> None:
+    """The run's plan checked from its model config and arguments alone, before any weight is read: what a script
+    calls once it has parsed its arguments and loaded the config (examples/language-modeling/run_clm.py). Raises
+    :class:`PlanDoesNotFit` (one line) where it does not fit; where it does, the trainer does not check it again."""
+    shape = _shape_of(config)
+    if args.ignore_plan or not sequence or shape is None:
+        return
+    _check(shape, args, sequence, args.gaudi_device)
+    args._plan_checked = (shape, sequence)  # noqa: SLF001 (read by check_the_plan, on the same arguments)
+
+
+def check_the_plan(trainer: Any) -> None:
+    """Raise :class:`PlanDoesNotFit` (one line) when the run's plan needs more memory than its card holds; for a
+    script that built its own model (no :func:`check_plan_before_loading`), once the weights are loaded."""
+    args = trainer.args
+    if args.ignore_plan or trainer.train_dataset is None or getattr(trainer.model, "config", None) is None:
+        return
+    sequence = _first_sequence_length(trainer.train_dataset)
+    shape = _shape_of(trainer.model.config) if sequence else None
+    if shape is None or getattr(args, "_plan_checked", None) == (shape, sequence):  # checked before loading
+        return
+    _check(shape, args, sequence, trainer.gaudi_device)
