@@ -64,7 +64,7 @@ def check_plan_before_loading(config: Any, args: Any, sequence: int | None) -> N
     if args.ignore_plan or not sequence or shape is None:
         return
     _check(shape, args, sequence, args.gaudi_device)
-    args._plan_checked = (shape, sequence)  # noqa: SLF001 (read by check_the_plan, on the same arguments)
+    args._gaudi_plan_checked = (shape, sequence)  # noqa: SLF001 (read by check_the_plan, on the same arguments)
 
 
 def check_the_plan(trainer: Any) -> None:
@@ -75,6 +75,6 @@ def check_the_plan(trainer: Any) -> None:
         return
     sequence = _first_sequence_length(trainer.train_dataset)
     shape = _shape_of(trainer.model.config) if sequence else None
-    if shape is None or getattr(args, "_plan_checked", None) == (shape, sequence):  # checked before loading
+    if shape is None or getattr(args, "_gaudi_plan_checked", None) == (shape, sequence):  # checked before loading
         return
     _check(shape, args, sequence, trainer.gaudi_device)

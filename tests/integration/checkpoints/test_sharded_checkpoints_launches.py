@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
+from conftest import cpu_fsdp
 from support import SHARDED_FLAGS as FLAGS
 from support import SHARDED_SCRIPT as SCRIPT
 from support import SHARDED_WRAP as WRAP
@@ -32,6 +33,9 @@ def _launch(out: Path, world: int, *flags: str) -> subprocess.CompletedProcess:
         cwd=out,
         timeout=400,
     )
+
+
+pytestmark = cpu_fsdp  # FSDP on CPU processes
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,9 @@ def test_sequences_split_over_4_and_2_ranks_train_as_one_process(tmp_path):
         "cp2": run(tmp_path, "cp2", "eager", "right", per_device_train_batch_size=2, context_parallel_size=2),
     }
     if CPU_FSDP:  # not on torch 2.6's CPU (tests/conftest.py)
-        runs["cp2_fsdp"] = run(tmp_path, "fsdp", "sdpa", "right", per_device_train_batch_size=2, context_parallel_size=2)
+        runs["cp2_fsdp"] = run(
+            tmp_path, "fsdp", "sdpa", "right", per_device_train_batch_size=2, context_parallel_size=2
+        )
         runs["cp2_fsdp"]["args"]["fsdp"] = "full_shard"
     runs["cp2_fast"] = run(tmp_path, "fast", "sdpa", "right", per_device_train_batch_size=2, context_parallel_size=2)
     runs["cp2_fast"]["args"]["distribution_strategy"] = "fast_ddp"

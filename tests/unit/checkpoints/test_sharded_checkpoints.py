@@ -19,6 +19,7 @@ import pytest
 import tiny
 import torch
 import torch.distributed.checkpoint as dcp
+from conftest import cpu_fsdp
 from support import SHARDED_WRAP as WRAP
 from transformers.trainer_callback import TrainerState
 
@@ -126,6 +127,7 @@ def test_a_run_that_cannot_load_sharded_weights_is_told_in_one_line_before_train
     check_sharded_resume(checkpoint, SimpleNamespace(state_dict_type=StateDictType.SHARDED_STATE_DICT))
 
 
+@cpu_fsdp
 def test_fsdp_checkpoints_are_sharded_unless_the_config_names_a_state_dict_type(tmp_path):
     def fsdp_args(config: str, **flags) -> GaudiTrainingArguments:
         return GaudiTrainingArguments(
