@@ -4,8 +4,8 @@ time, with a report of where every rank was, instead of holding every card for t
 Each rank runs one thread. The training loop marks progress (a step began, a step ended) and pauses the watch
 for what may take long without being a stall (the first step's compilation, a save, an evaluation). The thread
 publishes a heartbeat in the job's rendezvous store every tick: a counter (the process is alive), the progress
-mark, the number of collectives this rank issued on the default group, whether it is paused, and its pid and
-host. When its own rank has made no progress for the limit, and no rank is paused, it names the rank(s) that
+mark, the number of collectives this rank issued on the default group (torch's count; where the backend keeps
+none, as HCCL, the project's own: distributed/collective_count.py), whether it is paused, and its pid and host. When its own rank has made no progress for the limit, and no rank is paused, it names the rank(s) that
 stopped progressing from the heartbeats:
 
 - ranks whose heartbeat stopped (a process stopped by SIGSTOP or a debugger, or frozen in native code);
@@ -14,8 +14,8 @@ stopped progressing from the heartbeats:
 - else every rank (none can be told apart).
 
 The first rank to decide writes the verdict into the store (compare-and-set); every rank then writes the Python
-stacks of all its threads and the collective it waits in (torch's flight recorder, else the innermost
-torch.distributed frame of its main thread) to ``<output_dir>/hang-<time>/rank<N>.txt`` and exits with
+stacks of all its threads and the collective it waits in (torch's flight recorder, else the project's count's
+record of the collective and its call site, else the innermost frame of its main thread) to ``<output_dir>/hang-<time>/rank<N>.txt`` and exits with
 :data:`STALL_EXIT_CODE`. torchrun's elastic agent sees failed ranks: it stops the job, or with ``--max_restarts``
 restarts it, and the restarted job resumes from the newest complete checkpoint. A stopped rank on the same host
 is continued (SIGCONT) so that it writes its own stacks; the agent kills whatever is left.
@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 from ..launch.ranks import STALL_EXIT_CODE, STALL_LINE_ENV
+from . import collective_count
 
 logger = logging.getLogger(__name__)
 
@@ -464,7 +465,7 @@ class Watchdog:
             f"rank {self.rank} of {self.world_size} (pid {os.getpid()} on {self._host}); last progress "
             f"{_where(self._progress)}, {time.monotonic() - self._last_progress:.1f} s ago",
             f"stalled: rank(s) {stalled}: {verdict['why']} (watchdog limit {self.limit:.0f} s)",
-            f"collectives issued on the default group: {_collectives()}",
+            f"collectives issued on the default group: {_collectives()}{_whose_count()}",
             f"waiting in: {waiting_in()}",
             "",
             "Python stacks of every thread (most recent call first within each):",
@@ -489,16 +490,25 @@ def _where(progress: int) -> str:
 
 
 def _collectives() -> int:
-    """Collectives this rank issued on the default group (they count up together on ranks that keep pace)."""
+    """Collectives this rank issued on the default group (they count up together on ranks that keep pace): torch's
+    count, else the project's own where the backend keeps none (HCCL: distributed/collective_count.py), else -1."""
     with contextlib.suppress(Exception):
         return int(torch.distributed.group.WORLD._get_sequence_number_for_group())
-    return -1
+    count = collective_count.active()
+    return count.default_count() if count is not None else -1
+
+
+def _whose_count() -> str:
+    if collective_count.active() is not None:
+        return " (optimum-gaudi's count: the backend keeps none)"
+    return ""
 
 
 def waiting_in() -> str:
     """The collective this rank waits in. Its main thread's innermost Python frame says whether it waits inside
     torch at all (a collective is called from torch.distributed, a gradient reduction from autograd or DDP);
-    then torch's flight recorder (TORCH_FR_BUFFER_SIZE) names the collective issued last, else that frame does."""
+    then torch's flight recorder (TORCH_FR_BUFFER_SIZE) names the collective issued last, else the project's own
+    count (a backend without either, HCCL) names it and its call site, else that frame does."""
     frame = sys._current_frames().get(threading.main_thread().ident)
     path = frame.f_code.co_filename.replace(os.sep, "/") if frame is not None else ""
     if not any(part in path for part in ("/torch/", "/accelerate/", "/deepspeed/", "/habana_frameworks/")):
@@ -525,6 +535,10 @@ def waiting_in() -> str:
                 f"{entry.get('profiling_name')} on group {label} (its collective {entry['collective_seq_id']}, "
                 f"issued {age:.1f} s ago, input sizes {entry.get('input_sizes')}; torch's flight recorder)"
             )
+    count = collective_count.active()
+    counted = count.waiting_in() if count is not None else None
+    if counted is not None:  # a backend without a flight record (HCCL): the project's own record
+        return counted
     short = path.split("/site-packages/", 1)[-1]
     return f"{frame.f_code.co_name} ({short}:{frame.f_lineno}), its main thread's innermost frame"
 
