@@ -83,9 +83,10 @@ class CollectiveCount:
         pending = [(key, r) for key, r in self.last.items() if not r.returned] or list(self.last.items())
         key, record = max(pending, key=lambda item: item[1].at)
         group = "the default group" if key == DEFAULT else f"group {key}"
+        site = record.site.replace("\\", "/").split("/site-packages/", 1)[-1]
         return (
             f"{record.collective} on {group} (its collective {record.number}, issued "
-            f"{time.monotonic() - record.at:.1f} s ago, from {record.site}; optimum-gaudi's count)"
+            f"{time.monotonic() - record.at:.1f} s ago, from {site}; optimum-gaudi's count)"
         )
 
 
@@ -154,7 +155,7 @@ def _counting(name: str, position: int, original: Any) -> Any:
             return original(*args, **kwargs)
         group = kwargs.get("group", args[position] if len(args) > position else None)
         caller = sys._getframe(1)
-        site = f"{caller.f_code.co_filename}:{caller.f_lineno} ({caller.f_code.co_name})"
+        site = f"{caller.f_code.co_filename}:{caller.f_lineno} ({caller.f_code.co_name})"  # read at a stall only
         record = count.issued(name, group, site)
         _depth.n = 1
         try:

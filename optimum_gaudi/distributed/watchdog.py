@@ -23,9 +23,10 @@ is continued (SIGCONT) so that it writes its own stacks; the agent kills whateve
 Nothing waits for ever, on any backend (the Gaudi bridge's HCCL groups have no timeout): the windows that may take
 long without being a stall (the first step, a save, an evaluation, a torch.compile compilation, and a step that may
 compile outside torch.compile's callbacks: on a Gaudi the first steps of each process and steps with new input
-shapes) have a limit of their own, :attr:`Watchdog.long_limit` (``--hang_long_timeout``, at least
-:data:`LONG_WINDOW_SECONDS`, and twice the slowest such pause seen), and the ranks waiting for one wait that long:
-a compile of ten minutes never fires, a rank that hangs inside a save does, after the long limit.
+shapes) have a limit of their own, :meth:`Watchdog.window_limit`: a floor (``--hang_long_timeout``,
+:data:`LONG_WINDOW_SECONDS` by default), or twice the longest window of the same kind measured in the run if that is
+longer; the ranks waiting for one wait that long: a compile of ten minutes never fires, a rank that hangs inside a
+save does, after the save's limit.
 
 Store calls go through a thread of their own with a time limit: the store's own timeout does not cover a server
 that stopped answering (the process holding it was stopped), and the watchdog must still decide then.
@@ -64,6 +65,8 @@ FINISHED = "the end of training"  # a rank's last heartbeat
 CONTINUED_REPORT_SECONDS = 10.0  # a stopped rank, continued, writes its stacks within this
 STORE_CALL_SECONDS = 10.0  # a store call taking longer: the process holding the store stopped answering
 LONG_WINDOW_SECONDS = 1800.0  # the least limit of a first step, save, evaluation or compile (a Gaudi's take minutes)
+WINDOW_FACTOR = 2.0  # ... nor below twice the longest window of its kind this rank measured
+COMPILING = "a step that may compile"  # the kind of window a compiling step is
 
 
 def auto_limit(slowest_step: float, slowest_pause: float, floor: float = AUTO_FLOOR_SECONDS) -> float:
@@ -156,6 +159,7 @@ class Watchdog:
         self._armed_at = 0.0
         self.slowest_step = 0.0
         self.slowest_pause = 0.0
+        self.longest: dict[str, float] = {}  # kind of window (what paused it, or COMPILING) -> its longest here
         # the thread's own
         self._beat = 0
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (its beat counter, when it last changed)
@@ -173,12 +177,25 @@ class Watchdog:
 
     @property
     def long_limit(self) -> float:
-        """The limit of a window that may take long without being a stall: a pause (the first step, a save, an
-        evaluation, a compilation) or a step that may compile."""
-        return max(self.limit, self.long_floor, AUTO_PAUSE_FACTOR * self.slowest_pause)
+        """The floor of every window's limit (``--hang_long_timeout``), at least the step limit."""
+        return max(self.limit, self.long_floor)
+
+    def window_limit(self, window: str | None) -> float:
+        """The limit of a window that may take long without being a stall (the first step, a save, an evaluation,
+        a compilation, a step that may compile): the floor, or :data:`WINDOW_FACTOR` times the longest window of
+        that kind measured in this run, if longer. Each kind has its own: a slow evaluation lengthens no save's."""
+        return max(self.long_limit, WINDOW_FACTOR * self.longest.get(window or "", 0.0))
+
+    def _measured(self, window: str | None, seconds: float) -> None:
+        if window is not None:
+            self.longest[window] = max(self.longest.get(window, 0.0), seconds)
+
+    def _window(self) -> str | None:
+        """The kind of window this rank is in, or None in a plain step."""
+        return self._paused if self._paused is not None else COMPILING if self._compiling is not None else None
 
     def compiling(self, what: str) -> None:
-        """This step (until it ends) may compile for minutes: its limit is :attr:`long_limit`."""
+        """This step (until it ends) may compile for minutes: its limit is :meth:`window_limit` of COMPILING."""
         self._compiling = what
 
     def _hold_once_ending(self) -> None:
@@ -199,10 +216,13 @@ class Watchdog:
         self._hold_once_ending()
         now = time.monotonic()
         if self._step_began is not None:
+            if self._compiling is not None:
+                self._measured(COMPILING, now - self._step_began)
             if self._armed:
                 self.slowest_step = max(self.slowest_step, now - self._step_began)
             else:
                 if self._paused == "the first step":
+                    self._measured(self._paused, now - self._step_began)
                     self._paused = None
                 self._armed, self._armed_at = True, now
         self._step_began = None
@@ -232,6 +252,7 @@ class Watchdog:
     def _end_pause(self, now: float) -> None:
         if self._pause_began is not None:
             self.slowest_pause = max(self.slowest_pause, now - self._pause_began)
+            self._measured(self._paused, now - self._pause_began)
             self._pause_began = None
             self._paused = None
             self._last_progress = now
@@ -290,11 +311,12 @@ class Watchdog:
             self._decide(beats, frozen, _STOPPED, where=f"while rank {self.rank} was {_where(self._progress)}")
             return
         stalled_for = now - self._last_progress
-        long_window = self._paused is not None or self._compiling is not None
-        if stalled_for < (self.long_limit if long_window else self.limit):
+        window = self._window()
+        if stalled_for < (self.window_limit(window) if window is not None else self.limit):
             return
         others = [b for r, b in beats.items() if r != self.rank and b.progress <= self._progress]
-        if stalled_for < self.long_limit and any(b.paused or b.compiling for b in others):
+        windows = [b.paused or COMPILING for b in others if b.paused or b.compiling]
+        if windows and stalled_for < max(map(self.window_limit, windows)):
             return  # a rank behind this one saves, evaluates or compiles: this one waits for it, that long
         lowest = min((beat.progress, beat.collectives) for beat in beats.values())
         behind = sorted(rank for rank, beat in beats.items() if (beat.progress, beat.collectives) == lowest)
@@ -348,7 +370,8 @@ class Watchdog:
         seen = self._seen.get(rank)
         if seen is None:
             return self._armed and now - self._armed_at >= self.limit
-        limit = self.long_limit if self._last_compiling.get(rank) else self.limit  # a compile may hold the GIL
+        compiling = self._last_compiling.get(rank)  # a compile may hold the GIL: silent that long
+        limit = self.window_limit(COMPILING) if compiling else self.limit
         return now - seen[1] >= limit and self._last_paused.get(rank) != FINISHED
 
     # ---- the end ----------------------------------------------------------------------------------------------
@@ -356,8 +379,8 @@ class Watchdog:
     def _store_gone(self) -> None:
         """The store stopped answering: the process holding it (rank 0 or torchrun's agent) stopped. Decide
         alone, once this rank has made no progress for the limit."""
-        long_window = self._paused is not None or self._compiling is not None
-        limit = self.long_limit if long_window else self.limit
+        window = self._window()
+        limit = self.window_limit(window) if window is not None else self.limit
         if time.monotonic() - self._last_progress >= limit:
             verdict = {
                 "folder": time.strftime("hang-%Y%m%d-%H%M%S"),

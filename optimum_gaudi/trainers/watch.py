@@ -1,6 +1,7 @@
 """The progress watchdog (distributed/watchdog.py) on the training loop's events: on by default in multi-process
 runs (``--hang_timeout``; 0 turns it off). The first step, saves, evaluations and torch.compile's compilations may
-take long without being a stall: they are watched with the watchdog's long limit (``--hang_long_timeout``). Where
+take long without being a stall: each is watched with a limit of its own (``--hang_long_timeout`` or twice the
+longest of its kind measured, :meth:`Watchdog.window_limit`). Where
 the device compiles outside torch.compile's callbacks (a Gaudi: its first steps, new input shapes), those steps
 are too, in every process the job starts (a restarted one compiles again)."""
 

@@ -117,7 +117,7 @@ def test_a_stopped_rank_on_two_simulated_gaudis_is_reported_without_a_collective
     """On simulated Gaudis (issue 46, point 1: 'hccl' without a timeout, sequence numbers or a flight record, as the
     bridge), rank 1 stops itself (SIGSTOP) after step 5: the other rank waits in an HCCL collective that never
     times out, the watchdog names the stopped rank, and the reports give what HCCL does not keep from the project's
-    own count (point 4): the collectives issued, and the one waited in with its call site (DDP's reducer)."""
+    own count (point 4): the collectives issued, and the one waited in with its call site."""
     out = tmp_path / "run"
     on_two_simulated_gaudis(
         tmp_path, ["train_stalls.py", str(tmp_path), "5", "--max_steps", "12", "--hang_timeout", "6"]
@@ -128,8 +128,9 @@ def test_a_stopped_rank_on_two_simulated_gaudis_is_reported_without_a_collective
     count = re.search(r"collectives issued on the default group: (\d+) \(optimum-gaudi's count", reports[0])
     assert count and int(count.group(1)) > 5, reports[0][:600]
     waiting = next(line for line in reports[0].splitlines() if line.startswith("waiting in: "))
-    assert waiting.startswith("waiting in: all_reduce on the default group (its collective "), waiting
-    assert "from DDP's reducer" in waiting and "flight recorder" not in waiting, waiting
+    # rank 0 went on to step 5's log: transformers gathers the loss (logging every step)
+    assert waiting.startswith("waiting in: all_gather on the default group (its collective "), waiting
+    assert "from transformers/trainer_pt_utils.py:" in waiting and waiting.endswith("; optimum-gaudi's count)")
 
 
 def test_on_simulated_gaudis_a_long_compile_in_step_2_never_fires_and_a_stall_in_step_3_fires_after_the_long_limit(
@@ -137,7 +138,8 @@ def test_on_simulated_gaudis_a_long_compile_in_step_2_never_fires_and_a_stall_in
 ):
     """Issue 46, point 3, on 2 simulated Gaudis (--use_habana): rank 1's forward takes 8 s in step 2 (a compile, 4x
     --hang_timeout 2) and never returns in step 3. Steps 1-3 of a process may compile: the first passes, the second
-    fires after --hang_long_timeout (12 s), not after the 2 s limit."""
+    fires after the compiling steps' own limit (point 2: twice the longest measured, step 2's 8 s, over the 12 s
+    floor --hang_long_timeout), not after the 2 s limit."""
     out = tmp_path / "run"
     script = ["train_compiles.py", str(tmp_path), "2", "8", "3", "--max_steps", "6"]
     on_two_simulated_gaudis(tmp_path, [*script, "--hang_timeout", "2", "--hang_long_timeout", "12"])
@@ -148,7 +150,7 @@ def test_on_simulated_gaudis_a_long_compile_in_step_2_never_fires_and_a_stall_in
     # rank waiting in its gradient all-reduce
     assert summary.startswith("rank 1 made no progress") and "went on to the next collective" in summary, summary
     seconds = int(re.search(r"made no progress for (\d+) s", summary).group(1))
-    assert 12 <= seconds < 20, summary
+    assert 16 <= seconds < 24, summary
     ended = json.loads((tmp_path / "steps.json").read_text())
     assert ended["2"] - ended["1"] >= 8, ended  # the slow step ran its course
 
