@@ -48,15 +48,23 @@ DEFAULT = "default"  # the key of the default group
 _MODULES = (dist, dist.distributed_c10d)
 
 
-@dataclass
+@dataclass(slots=True)
 class Issued:
     """The last collective a group saw from this rank."""
 
     collective: str
     number: int  # its place in the group's count
-    site: str  # file:line (function) of the code that called it
+    code: Any  # the caller's code object and line (None: DDP's reducer), formatted only when a report reads them
+    line: int
     at: float  # time.monotonic() when issued
     returned: bool = False  # a blocking call that came back (an asynchronous one is never known to)
+
+    @property
+    def site(self) -> str:
+        if self.code is None:
+            return _DDP_SITE
+        path = self.code.co_filename.replace("\\", "/").split("/site-packages/", 1)[-1]
+        return f"{path}:{self.line} ({self.code.co_name})"
 
 
 class CollectiveCount:
@@ -66,11 +74,11 @@ class CollectiveCount:
         self.counts: dict[str, int] = {}
         self.last: dict[str, Issued] = {}
 
-    def issued(self, collective: str, group: Any, site: str) -> Issued:
-        key = group_key(group)
+    def issued(self, collective: str, group: Any, code: Any = None, line: int = 0) -> Issued:
+        key = DEFAULT if group is None or group is dist.GroupMember.WORLD else group_key(group)
         number = self.counts.get(key, 0) + 1
         self.counts[key] = number
-        record = self.last[key] = Issued(collective, number, site, time.monotonic())
+        record = self.last[key] = Issued(collective, number, code, line, time.monotonic())
         return record
 
     def default_count(self) -> int:
@@ -83,16 +91,21 @@ class CollectiveCount:
         pending = [(key, r) for key, r in self.last.items() if not r.returned] or list(self.last.items())
         key, record = max(pending, key=lambda item: item[1].at)
         group = "the default group" if key == DEFAULT else f"group {key}"
-        site = record.site.replace("\\", "/").split("/site-packages/", 1)[-1]
         return (
             f"{record.collective} on {group} (its collective {record.number}, issued "
-            f"{time.monotonic() - record.at:.1f} s ago, from {site}; optimum-gaudi's count)"
+            f"{time.monotonic() - record.at:.1f} s ago, from {record.site}; optimum-gaudi's count)"
         )
 
 
 _active: CollectiveCount | None = None
 _originals: dict[str, Any] = {}  # torch's functions, while replaced
-_depth = threading.local()  # an object collective calls others: only the outermost call counts
+
+
+class _Depth(threading.local):
+    n = 0  # an object collective calls others: only the outermost call counts
+
+
+_depth = _Depth()
 
 
 def group_key(group: Any) -> str:
@@ -149,14 +162,15 @@ def stop() -> None:
 
 
 def _counting(name: str, position: int, original: Any) -> Any:
+    compiling = torch.compiler.is_compiling
+
     def counting(*args: Any, **kwargs: Any) -> Any:
         count = _active
-        if count is None or getattr(_depth, "n", 0) or torch.compiler.is_compiling():
+        if count is None or _depth.n or compiling():
             return original(*args, **kwargs)
         group = kwargs.get("group", args[position] if len(args) > position else None)
         caller = sys._getframe(1)
-        site = f"{caller.f_code.co_filename}:{caller.f_lineno} ({caller.f_code.co_name})"  # read at a stall only
-        record = count.issued(name, group, site)
+        record = count.issued(name, group, caller.f_code, caller.f_lineno)
         _depth.n = 1
         try:
             result = original(*args, **kwargs)
@@ -212,7 +226,7 @@ def _count_and_reduce(group, bucket):  # noqa: ANN001, ANN202 (DDP's check reads
     """The reducer's own reduction without a hook, counted: scale by 1 / size, all-reduce with SUM."""
     count = _active
     if count is not None:
-        count.issued("all_reduce", group, _DDP_SITE)
+        count.issued("all_reduce", group)
     buffer = bucket.buffer()
     buffer.mul_(1.0 / group.size())
     reduce = _originals.get("all_reduce", dist.distributed_c10d.all_reduce)
