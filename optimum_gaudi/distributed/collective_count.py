@@ -166,7 +166,7 @@ def _counting(name: str, position: int, original: Any) -> Any:
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         count = _active
-        if count is None or _depth.n or compiling():
+        if compiling() or count is None or _depth.n:  # first: dynamo folds it and traces torch's own function
             return original(*args, **kwargs)
         group = kwargs.get("group", args[position] if len(args) > position else None)
         caller = sys._getframe(1)

@@ -260,6 +260,11 @@ UNDOS = (
                                        "    counted = None"),),
          ("integration/distributed/test_stalled_slow_or_diverging_ranks.py::test_a_collective_the_others_never_join_"
           "within_a_step_names_its_rank_on_simulated_gaudis_as_on_gloo",), device=False),
+    Undo("collective-count-compiling", "46.4", (("optimum_gaudi/distributed/collective_count.py",
+                                                 "        if compiling() or count is None or _depth.n:",
+                                                 "        if count is None or _depth.n:"),),
+         (f"{COUNT}::test_a_compiled_function_calling_a_collective_compiles_into_the_same_graph_with_the_count_on",),
+         device=False),
     Undo("ddp-hook-scaling", "46.4", (("optimum_gaudi/distributed/collective_count.py",
                                        "    buffer.mul_(1.0 / group.size())", "    buffer.div_(group.size())"),),
          (f"{COUNT}::test_the_counting_hook_gives_ddps_gradients_bit_for_bit_and_is_refused_where_it_could_not",),

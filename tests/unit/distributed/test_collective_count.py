@@ -92,3 +92,24 @@ def test_the_hook_is_exact_where_the_reducers_two_scalings_agree():
     assert collective_count.ddp_hook_is_exact(False, 3)
     assert collective_count.ddp_hook_is_exact(True, 8) and collective_count.ddp_hook_is_exact(True, 64)
     assert not collective_count.ddp_hook_is_exact(True, 24)
+
+
+def test_a_compiled_function_calling_a_collective_compiles_into_the_same_graph_with_the_count_on(one_process_group):
+    """Dynamo rewrites torch's collective into a functional one: the counting function steps aside while it
+    traces, so the graph (one, no break) is the one without the count, and nothing inside it is counted."""
+
+    def step(x):
+        y = x * 2
+        dist.all_reduce(y)
+        return y + 1
+
+    torch._dynamo.reset()
+    without = torch._dynamo.explain(step)(torch.ones(4))
+    torch._dynamo.reset()
+    count = collective_count.start()
+    counted = torch._dynamo.explain(step)(torch.ones(4))
+    assert (
+        (without.graph_count, without.graph_break_count) == (counted.graph_count, counted.graph_break_count) == (1, 0)
+    )
+    assert torch.equal(torch.compile(step)(torch.ones(4)), torch.full((4,), 3.0)) and count.counts == {}
+    torch._dynamo.reset()
