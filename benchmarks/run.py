@@ -290,7 +290,7 @@ SECTIONS = {
     "context_parallel": context_parallel_section,
     "gpu": gpu_section,
     "sharded_save": sharded_save_section,  # about 5 minutes on 2 cores: not a default section
-    "stalls": stalls_section,  # about 15 minutes (four stalls of a minute, restarts): not a default section
+    "stalls": stalls_section,  # about an hour (12 stalls of a minute, restarts, the 5-minute compile drill): opt-in
 }
 DEFAULT_SECTIONS = (
     "speed",

@@ -178,8 +178,9 @@ def agreement(processes: int = 8) -> dict:
 
 
 KINDS = [  # (mode, processes, on simulated Gaudis)
-    ("stop", 2, False), ("stop", 4, False), ("loop", 2, False), ("collective", 2, False),
-    ("stop", 2, True), ("collective", 2, True), ("stop", 8, True), ("collective", 8, True),
+    ("stop", 2, False), ("stop", 4, False), ("loop", 2, False), ("collective", 2, False), ("stop", 8, False),
+    ("collective", 8, False), ("stop", 2, True), ("collective", 2, True), ("stop", 4, True), ("collective", 4, True),
+    ("stop", 8, True), ("collective", 8, True),
 ]  # fmt: skip
 
 
