@@ -2,12 +2,16 @@
 
     stall_worker.py OUT_DIR MODE [GaudiTrainingArguments flags...]
 
-MODE ``stop``, ``loop`` or ``collective``: a tiny GPT-2 whose steps take about 1 s (a 1 s pause per step stands
-in for compute; this CPU is shared). Rank 0 appends each step's end to OUT_DIR/steps.jsonl (attempt, step,
-time) and each attempt's train begin to OUT_DIR/begins.jsonl; rank 1 writes its pid to OUT_DIR/pid.rank1. In the
-first attempt, at step STALL_STEP (7), rank 1 spins in an endless loop (``loop``) or waits in an all-reduce rank 0
-never joins (``collective``), after writing the time to OUT_DIR/stalled; for ``stop`` the benchmark sends it
-SIGSTOP. MODE ``speed`` / ``speed-off``: no pause, no stall; rank 0 writes OUT_DIR/speed.json (seconds a step
+MODE ``stop``, ``loop`` or ``collective``: a tiny GPT-2 (``STALL_MODEL=llama``: a tiny Llama) whose steps take
+about 1 s (a 1 s pause per step stands in for compute; this CPU is shared). Rank 0 appends each step's end to
+OUT_DIR/steps.jsonl (attempt, step, time) and each attempt's train begin to OUT_DIR/begins.jsonl; rank 1 writes
+its pid to OUT_DIR/pid.rank1. In the first attempt, at the end of step STALL_STEP (7), rank 1 spins in an endless
+loop (``loop``); in step STALL_STEP + 1's forward it all-reduces on a group of every rank (the run's backend: hccl
+on simulated Gaudis) that the others never join (``collective``: every rank is in the same step, only the
+collectives issued tell them apart), after writing the time to OUT_DIR/stalled; for ``stop`` the benchmark sends
+it SIGSTOP. MODE ``compile``: in step 2 (a step that may compile on a Gaudi) rank 1's forward sleeps
+``COMPILE_SECONDS`` (a compile longer than the watchdog's floor); no stall: the run must end without a verdict.
+MODE ``speed`` / ``speed-off``: no pause, no stall; rank 0 writes OUT_DIR/speed.json (seconds a step
 after warm-up); ``speed-off`` runs without the watchdog and the straggler figures. MODE ``agreement``: no
 training; each rank times the per-step cost of SIGTERM's agreement, then and now, into OUT_DIR/agreement.rankN.
 """
@@ -35,6 +39,7 @@ class Record(TrainerCallback):
         self.out, self.mode, self.restart = out, mode, restart
         self.never_joined = None
         self.began: float | None = None
+        self.step = 0
         self.times: list[float] = []
 
     def _append(self, name: str, record: dict) -> None:
@@ -42,7 +47,7 @@ class Record(TrainerCallback):
             f.write(json.dumps(record) + "\n")
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.never_joined = dist.new_group(backend="gloo")
+        self.never_joined = dist.new_group()  # the default backend: hccl on simulated Gaudis
         if args.process_index == 0:
             self._append("begins.jsonl", {"attempt": self.restart, "time": time.time()})
         if args.process_index == 1:
@@ -51,7 +56,20 @@ class Record(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         if not self.mode.startswith("speed"):
             time.sleep(1.0)
+        self.step = state.global_step + 1
         self.began = time.perf_counter()
+
+    def forward_hook(self, rank: int, device: torch.device):
+        def hook(module, inputs):
+            if self.restart or rank != 1:
+                return
+            if self.mode == "compile" and self.step == 2:
+                time.sleep(float(os.environ.get("COMPILE_SECONDS", "300")))
+            if self.mode == "collective" and self.step == STALL_STEP + 1:
+                (self.out / "stalled").write_text(str(time.time()))
+                dist.all_reduce(torch.ones(1, device=device), group=self.never_joined)
+
+        return hook
 
     def on_step_end(self, args, state, control, **kwargs):
         self.times.append(time.perf_counter() - self.began)
@@ -63,9 +81,6 @@ class Record(TrainerCallback):
             (self.out / "stalled").write_text(str(time.time()))
             while True:
                 pass
-        if self.mode == "collective":
-            (self.out / "stalled").write_text(str(time.time()))
-            dist.all_reduce(torch.ones(1), group=self.never_joined)
 
 
 def agreement(out: Path, repeats: int = 300) -> None:
@@ -110,7 +125,11 @@ def main() -> None:
     torch.set_num_threads(1)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     record = Record(out, mode, restart)
-    model = tiny.gpt2(**tiny.NO_DROPOUT, n_layer=4, n_embd=128)
+    if os.environ.get("STALL_MODEL") == "llama":
+        model = tiny.llama()
+    else:
+        model = tiny.gpt2(**tiny.NO_DROPOUT, n_layer=4, n_embd=128)
+    model.register_forward_pre_hook(record.forward_hook(args.process_index, args.device))
     trainer = GaudiTrainer(model=model, args=args, train_dataset=tiny.lm_data(512), callbacks=[record])
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     if mode.startswith("speed") and args.process_index == 0:

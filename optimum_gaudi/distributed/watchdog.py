@@ -4,8 +4,8 @@ time, with a report of where every rank was, instead of holding every card for t
 Each rank runs one thread. The training loop marks progress (a step began, a step ended) and pauses the watch
 for what may take long without being a stall (the first step's compilation, a save, an evaluation). The thread
 publishes a heartbeat in the job's rendezvous store every tick: a counter (the process is alive), the progress
-mark, the number of collectives this rank issued on the default group, whether it is paused, and its pid and
-host. When its own rank has made no progress for the limit, and no rank is paused, it names the rank(s) that
+mark, the number of collectives this rank issued on the default group (torch's count; where the backend keeps
+none, as HCCL, the project's own: distributed/collective_count.py), whether it is paused, and its pid and host. When its own rank has made no progress for the limit, and no rank is paused, it names the rank(s) that
 stopped progressing from the heartbeats:
 
 - ranks whose heartbeat stopped (a process stopped by SIGSTOP or a debugger, or frozen in native code);
@@ -14,8 +14,8 @@ stopped progressing from the heartbeats:
 - else every rank (none can be told apart).
 
 The first rank to decide writes the verdict into the store (compare-and-set); every rank then writes the Python
-stacks of all its threads and the collective it waits in (torch's flight recorder, else the innermost
-torch.distributed frame of its main thread) to ``<output_dir>/hang-<time>/rank<N>.txt`` and exits with
+stacks of all its threads and the collective it waits in (torch's flight recorder, else the project's count's
+record of the collective and its call site, else the innermost frame of its main thread) to ``<output_dir>/hang-<time>/rank<N>.txt`` and exits with
 :data:`STALL_EXIT_CODE`. torchrun's elastic agent sees failed ranks: it stops the job, or with ``--max_restarts``
 restarts it, and the restarted job resumes from the newest complete checkpoint. A stopped rank on the same host
 is continued (SIGCONT) so that it writes its own stacks; the agent kills whatever is left.
@@ -23,9 +23,10 @@ is continued (SIGCONT) so that it writes its own stacks; the agent kills whateve
 Nothing waits for ever, on any backend (the Gaudi bridge's HCCL groups have no timeout): the windows that may take
 long without being a stall (the first step, a save, an evaluation, a torch.compile compilation, and a step that may
 compile outside torch.compile's callbacks: on a Gaudi the first steps of each process and steps with new input
-shapes) have a limit of their own, :attr:`Watchdog.long_limit` (``--hang_long_timeout``, at least
-:data:`LONG_WINDOW_SECONDS`, and twice the slowest such pause seen), and the ranks waiting for one wait that long:
-a compile of ten minutes never fires, a rank that hangs inside a save does, after the long limit.
+shapes) have a limit of their own, :meth:`Watchdog.window_limit`: a floor (``--hang_long_timeout``,
+:data:`LONG_WINDOW_SECONDS` by default), or twice the longest window of the same kind measured in the run if that is
+longer; the ranks waiting for one wait that long: a compile of ten minutes never fires, a rank that hangs inside a
+save does, after the save's limit.
 
 Store calls go through a thread of their own with a time limit: the store's own timeout does not cover a server
 that stopped answering (the process holding it was stopped), and the watchdog must still decide then.
@@ -53,6 +54,7 @@ from typing import Any
 import torch
 
 from ..launch.ranks import STALL_EXIT_CODE, STALL_LINE_ENV
+from . import collective_count
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +65,8 @@ FINISHED = "the end of training"  # a rank's last heartbeat
 CONTINUED_REPORT_SECONDS = 10.0  # a stopped rank, continued, writes its stacks within this
 STORE_CALL_SECONDS = 10.0  # a store call taking longer: the process holding the store stopped answering
 LONG_WINDOW_SECONDS = 1800.0  # the least limit of a first step, save, evaluation or compile (a Gaudi's take minutes)
+WINDOW_FACTOR = 2.0  # ... nor below twice the longest window of its kind this rank measured
+COMPILING = "a step that may compile"  # the kind of window a compiling step is
 
 
 def auto_limit(slowest_step: float, slowest_pause: float, floor: float = AUTO_FLOOR_SECONDS) -> float:
@@ -155,6 +159,7 @@ class Watchdog:
         self._armed_at = 0.0
         self.slowest_step = 0.0
         self.slowest_pause = 0.0
+        self.longest: dict[str, float] = {}  # kind of window (what paused it, or COMPILING) -> its longest here
         # the thread's own
         self._beat = 0
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (its beat counter, when it last changed)
@@ -172,12 +177,25 @@ class Watchdog:
 
     @property
     def long_limit(self) -> float:
-        """The limit of a window that may take long without being a stall: a pause (the first step, a save, an
-        evaluation, a compilation) or a step that may compile."""
-        return max(self.limit, self.long_floor, AUTO_PAUSE_FACTOR * self.slowest_pause)
+        """The floor of every window's limit (``--hang_long_timeout``), at least the step limit."""
+        return max(self.limit, self.long_floor)
+
+    def window_limit(self, window: str | None) -> float:
+        """The limit of a window that may take long without being a stall (the first step, a save, an evaluation,
+        a compilation, a step that may compile): the floor, or :data:`WINDOW_FACTOR` times the longest window of
+        that kind measured in this run, if longer. Each kind has its own: a slow evaluation lengthens no save's."""
+        return max(self.long_limit, WINDOW_FACTOR * self.longest.get(window or "", 0.0))
+
+    def _measured(self, window: str | None, seconds: float) -> None:
+        if window is not None:
+            self.longest[window] = max(self.longest.get(window, 0.0), seconds)
+
+    def _window(self) -> str | None:
+        """The kind of window this rank is in, or None in a plain step."""
+        return self._paused if self._paused is not None else COMPILING if self._compiling is not None else None
 
     def compiling(self, what: str) -> None:
-        """This step (until it ends) may compile for minutes: its limit is :attr:`long_limit`."""
+        """This step (until it ends) may compile for minutes: its limit is :meth:`window_limit` of COMPILING."""
         self._compiling = what
 
     def _hold_once_ending(self) -> None:
@@ -198,10 +216,13 @@ class Watchdog:
         self._hold_once_ending()
         now = time.monotonic()
         if self._step_began is not None:
+            if self._compiling is not None:
+                self._measured(COMPILING, now - self._step_began)
             if self._armed:
                 self.slowest_step = max(self.slowest_step, now - self._step_began)
             else:
                 if self._paused == "the first step":
+                    self._measured(self._paused, now - self._step_began)
                     self._paused = None
                 self._armed, self._armed_at = True, now
         self._step_began = None
@@ -231,6 +252,7 @@ class Watchdog:
     def _end_pause(self, now: float) -> None:
         if self._pause_began is not None:
             self.slowest_pause = max(self.slowest_pause, now - self._pause_began)
+            self._measured(self._paused, now - self._pause_began)
             self._pause_began = None
             self._paused = None
             self._last_progress = now
@@ -289,11 +311,12 @@ class Watchdog:
             self._decide(beats, frozen, _STOPPED, where=f"while rank {self.rank} was {_where(self._progress)}")
             return
         stalled_for = now - self._last_progress
-        long_window = self._paused is not None or self._compiling is not None
-        if stalled_for < (self.long_limit if long_window else self.limit):
+        window = self._window()
+        if stalled_for < (self.window_limit(window) if window is not None else self.limit):
             return
         others = [b for r, b in beats.items() if r != self.rank and b.progress <= self._progress]
-        if stalled_for < self.long_limit and any(b.paused or b.compiling for b in others):
+        windows = [b.paused or COMPILING for b in others if b.paused or b.compiling]
+        if windows and stalled_for < max(map(self.window_limit, windows)):
             return  # a rank behind this one saves, evaluates or compiles: this one waits for it, that long
         lowest = min((beat.progress, beat.collectives) for beat in beats.values())
         behind = sorted(rank for rank, beat in beats.items() if (beat.progress, beat.collectives) == lowest)
@@ -347,7 +370,8 @@ class Watchdog:
         seen = self._seen.get(rank)
         if seen is None:
             return self._armed and now - self._armed_at >= self.limit
-        limit = self.long_limit if self._last_compiling.get(rank) else self.limit  # a compile may hold the GIL
+        compiling = self._last_compiling.get(rank)  # a compile may hold the GIL: silent that long
+        limit = self.window_limit(COMPILING) if compiling else self.limit
         return now - seen[1] >= limit and self._last_paused.get(rank) != FINISHED
 
     # ---- the end ----------------------------------------------------------------------------------------------
@@ -355,8 +379,8 @@ class Watchdog:
     def _store_gone(self) -> None:
         """The store stopped answering: the process holding it (rank 0 or torchrun's agent) stopped. Decide
         alone, once this rank has made no progress for the limit."""
-        long_window = self._paused is not None or self._compiling is not None
-        limit = self.long_limit if long_window else self.limit
+        window = self._window()
+        limit = self.window_limit(window) if window is not None else self.limit
         if time.monotonic() - self._last_progress >= limit:
             verdict = {
                 "folder": time.strftime("hang-%Y%m%d-%H%M%S"),
@@ -464,7 +488,7 @@ class Watchdog:
             f"rank {self.rank} of {self.world_size} (pid {os.getpid()} on {self._host}); last progress "
             f"{_where(self._progress)}, {time.monotonic() - self._last_progress:.1f} s ago",
             f"stalled: rank(s) {stalled}: {verdict['why']} (watchdog limit {self.limit:.0f} s)",
-            f"collectives issued on the default group: {_collectives()}",
+            f"collectives issued on the default group: {_collectives()}{_whose_count()}",
             f"waiting in: {waiting_in()}",
             "",
             "Python stacks of every thread (most recent call first within each):",
@@ -489,16 +513,25 @@ def _where(progress: int) -> str:
 
 
 def _collectives() -> int:
-    """Collectives this rank issued on the default group (they count up together on ranks that keep pace)."""
+    """Collectives this rank issued on the default group (they count up together on ranks that keep pace): torch's
+    count, else the project's own where the backend keeps none (HCCL: distributed/collective_count.py), else -1."""
     with contextlib.suppress(Exception):
         return int(torch.distributed.group.WORLD._get_sequence_number_for_group())
-    return -1
+    count = collective_count.active()
+    return count.default_count() if count is not None else -1
+
+
+def _whose_count() -> str:
+    if collective_count.active() is not None:
+        return " (optimum-gaudi's count: the backend keeps none)"
+    return ""
 
 
 def waiting_in() -> str:
     """The collective this rank waits in. Its main thread's innermost Python frame says whether it waits inside
     torch at all (a collective is called from torch.distributed, a gradient reduction from autograd or DDP);
-    then torch's flight recorder (TORCH_FR_BUFFER_SIZE) names the collective issued last, else that frame does."""
+    then torch's flight recorder (TORCH_FR_BUFFER_SIZE) names the collective issued last, else the project's own
+    count (a backend without either, HCCL) names it and its call site, else that frame does."""
     frame = sys._current_frames().get(threading.main_thread().ident)
     path = frame.f_code.co_filename.replace(os.sep, "/") if frame is not None else ""
     if not any(part in path for part in ("/torch/", "/accelerate/", "/deepspeed/", "/habana_frameworks/")):
@@ -525,6 +558,10 @@ def waiting_in() -> str:
                 f"{entry.get('profiling_name')} on group {label} (its collective {entry['collective_seq_id']}, "
                 f"issued {age:.1f} s ago, input sizes {entry.get('input_sizes')}; torch's flight recorder)"
             )
+    count = collective_count.active()
+    counted = count.waiting_in() if count is not None else None
+    if counted is not None:  # a backend without a flight record (HCCL): the project's own record
+        return counted
     short = path.split("/site-packages/", 1)[-1]
     return f"{frame.f_code.co_name} ({short}:{frame.f_lineno}), its main thread's innermost frame"
 

@@ -679,7 +679,8 @@ class GaudiTrainerMixin(TrainerShims):
         preemption = Preemption()
         self._guard = NonFiniteGuard(self)
         several = self.args.world_size > 1 and torch.distributed.is_initialized()
-        self._watch = ProgressWatch(self.gaudi_device) if several and watchdog_wanted(self.args) else None
+        watched = several and watchdog_wanted(self.args)
+        self._watch = ProgressWatch(self.gaudi_device, lambda: self.model_wrapped) if watched else None
         self._stragglers = Stragglers(self.args.straggler_threshold, self._layout.host_group) if several else None
         installed = [c for c in (preemption, self._guard, self._watch, self._stragglers) if c is not None]
         for callback in installed:  # in this order: the watchdog sees the save SIGTERM asks for

@@ -287,8 +287,9 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
         default=1800.0,
         metadata={
             "help": "Seconds at least that the first step, a save, an evaluation or a compilation may last before "
-            "the watchdog ends the job (also at least --hang_timeout's limit and twice the slowest such window "
-            "seen). HCCL groups have no timeout: on a Gaudi nothing else ends a hang there."
+            "the watchdog ends the job (also at least --hang_timeout's limit; each kind of window also twice the "
+            "longest of its kind measured in the run). HCCL groups have no timeout: on a Gaudi nothing else ends a "
+            "hang there."
         },
     )
     on_nonfinite: str = field(

@@ -1,6 +1,7 @@
 """The progress watchdog (distributed/watchdog.py) on the training loop's events: on by default in multi-process
 runs (``--hang_timeout``; 0 turns it off). The first step, saves, evaluations and torch.compile's compilations may
-take long without being a stall: they are watched with the watchdog's long limit (``--hang_long_timeout``). Where
+take long without being a stall: each is watched with a limit of its own (``--hang_long_timeout`` or twice the
+longest of its kind measured, :meth:`Watchdog.window_limit`). Where
 the device compiles outside torch.compile's callbacks (a Gaudi: its first steps, new input shapes), those steps
 are too, in every process the job starts (a restarted one compiles again)."""
 
@@ -11,12 +12,13 @@ import itertools
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
 
+from ..distributed import collective_count
 from ..distributed.agreement import default_store
 from ..distributed.watchdog import Watchdog
 
@@ -32,8 +34,9 @@ def watchdog_wanted(args: Any) -> bool:
 class ProgressWatch(TrainerCallback):
     """Installed by GaudiTrainer around each ``train()`` of a multi-process run."""
 
-    def __init__(self, device: Any = None) -> None:
+    def __init__(self, device: Any = None, wrapped_model: Callable[[], Any] | None = None) -> None:
         self.watchdog: Watchdog | None = None
+        self._wrapped_model = wrapped_model  # the DDP module, once accelerate made it: its reductions are counted
         self._compiling = False
         self._compiling_first_steps = getattr(device, "compiling_first_steps", 0)
         self._compiles_new_shapes = getattr(device, "compiles_new_shapes", False)
@@ -55,6 +58,8 @@ class ProgressWatch(TrainerCallback):
             long_floor=args.hang_long_timeout,
         )
         self.watchdog.start()
+        # where the backend numbers no collectives (HCCL), the project counts them: the verdict tells ranks apart
+        collective_count.start(self._wrapped_model() if self._wrapped_model is not None else None)
         _pause_during_compilation(self)
         if args.process_index == 0:
             limit = "derived from the run's step, save and evaluation times, at least 60 s"
@@ -102,6 +107,7 @@ class ProgressWatch(TrainerCallback):
         if self.watchdog is not None:
             self.watchdog.stop()
             self.watchdog = None
+            collective_count.stop()
         _stop_pausing_during_compilation(self)
 
     @contextlib.contextmanager

@@ -27,6 +27,7 @@ FSDP = "integration/distributed/test_fsdp_trainings.py"
 COMMANDS = "integration/optimum_habana/test_optimum_habana_commands.py"
 USER_SETTINGS = "unit/devices/test_hpu_user_settings.py"
 STALLS = "unit/distributed/test_watchdog_and_sigterm_agreement.py"
+COUNT = "unit/distributed/test_collective_count.py"
 
 
 @dataclass(frozen=True)
@@ -214,16 +215,16 @@ UNDOS = (
     # issue 46: a step that may compile, and every pause, is watched with the long limit, here and on the ranks
     # waiting for it
     Undo("watchdog-compile-limit", "46.3", (("optimum_gaudi/distributed/watchdog.py",
-                                             "        long_window = self._paused is not None or self._compiling is "
-                                             "not None\n        if stalled_for",
-                                             "        long_window = self._paused is not None\n        if stalled_for"),),
+                                             "        return self._paused if self._paused is not None else COMPILING "
+                                             "if self._compiling is not None else None",
+                                             "        return self._paused"),),
          (f"{STALLS}::test_a_step_that_may_compile_is_watched_with_the_long_limit_on_every_rank",), device=False),
     Undo("watchdog-compiling-peer", "46.3", (("optimum_gaudi/distributed/watchdog.py",
-                                              "any(b.paused or b.compiling for b in others)",
-                                              "any(b.paused for b in others)"),
+                                              "windows = [b.paused or COMPILING for b in others if b.paused or "
+                                              "b.compiling]", "windows = [b.paused for b in others if b.paused]"),
                                              ("optimum_gaudi/distributed/watchdog.py",
-                                              "        limit = self.long_limit if self._last_compiling.get(rank) "
-                                              "else self.limit", "        limit = self.limit"),),
+                                              "        limit = self.window_limit(COMPILING) if compiling else "
+                                              "self.limit", "        limit = self.limit"),),
          (f"{STALLS}::test_a_step_that_may_compile_is_watched_with_the_long_limit_on_every_rank",), device=False),
     Undo("watch-compiling-steps", "46.3", (("optimum_gaudi/trainers/watch.py",
                                             "        if self._steps_begun <= self._compiling_first_steps:",
@@ -232,16 +233,21 @@ UNDOS = (
           "integration/distributed/test_stalled_slow_or_diverging_ranks.py::test_on_simulated_gaudis_a_long_compile_"
           "in_step_2_never_fires_and_a_stall_in_step_3_fires_after_the_long_limit"), device=False),
     Undo("watchdog-bounded-pauses", "46.2", (("optimum_gaudi/distributed/watchdog.py",
-                                              "        if stalled_for < (self.long_limit if long_window else "
-                                              "self.limit):\n",
-                                              "        if self._paused is not None or stalled_for < (self.long_limit "
-                                              "if long_window else self.limit):\n"),
+                                              "        if stalled_for < (self.window_limit(window) if window is not "
+                                              "None else self.limit):\n",
+                                              "        if self._paused is not None or stalled_for < (self.window_"
+                                              "limit(window) if window is not None else self.limit):\n"),
                                              ("optimum_gaudi/distributed/watchdog.py",
-                                              "        if stalled_for < self.long_limit and any(b.paused or "
-                                              "b.compiling for b in others):\n",
-                                              "        if any(b.paused for b in others) or stalled_for < "
-                                              "self.long_limit and any(b.compiling for b in others):\n"),),
+                                              "        if windows and stalled_for < max(map(self.window_limit, "
+                                              "windows)):\n",
+                                              "        if any(b.paused for b in others) or windows and stalled_for < "
+                                              "max(map(self.window_limit, windows)):\n"),),
          (f"{STALLS}::test_a_hang_in_the_first_step_a_save_or_an_evaluation_fires_after_the_long_limit",),
+         device=False),
+    Undo("watchdog-window-limits", "46.2", (("optimum_gaudi/distributed/watchdog.py",
+                                             "WINDOW_FACTOR * self.longest.get(window or \"\", 0.0))",
+                                             "WINDOW_FACTOR * max(self.longest.values(), default=0.0))"),),
+         (f"{STALLS}::test_each_window_has_a_limit_of_its_own_from_the_runs_measured_times_above_a_floor",),
          device=False),
     # a rank stopped as a step ended read as 'behind' a tick before its silence reached the limit (4-rank stall test)
     Undo("watchdog-silent-at-the-stall", "46.1", (("optimum_gaudi/distributed/watchdog.py",
@@ -249,6 +255,30 @@ UNDOS = (
                                                    "self._silent_since_the_stall(rank, now)]",
                                                    "        silent = []"),),
          (f"{STALLS}::test_a_rank_stopped_as_a_step_ended_is_named_as_stopped_not_behind",), device=False),
+    # issue 46: where the backend keeps no collective count (HCCL) the project's own tells the ranks apart, and DDP's
+    # counting hook keeps the reducer's bits
+    Undo("collective-count", "46.4", (("optimum_gaudi/distributed/watchdog.py",
+                                       "    return count.default_count() if count is not None else -1",
+                                       "    return -1"),
+                                      ("optimum_gaudi/distributed/watchdog.py",
+                                       "    counted = count.waiting_in() if count is not None else None",
+                                       "    counted = None"),),
+         ("integration/distributed/test_stalled_slow_or_diverging_ranks.py::test_a_collective_the_others_never_join_"
+          "within_a_step_names_its_rank_on_simulated_gaudis_as_on_gloo",), device=False),
+    Undo("collective-count-compiling", "46.4", (("optimum_gaudi/distributed/collective_count.py",
+                                                 "        if compiling() or count is None or _depth.n:",
+                                                 "        if count is None or _depth.n:"),),
+         (f"{COUNT}::test_a_compiled_function_calling_a_collective_compiles_into_the_same_graph_with_the_count_on",),
+         device=False),
+    Undo("ddp-hook-scaling", "46.4", (("optimum_gaudi/distributed/collective_count.py",
+                                       "    buffer.mul_(1.0 / group.size())", "    buffer.div_(group.size())"),),
+         (f"{COUNT}::test_the_counting_hook_gives_ddps_gradients_bit_for_bit_and_is_refused_where_it_could_not",),
+         device=False),
+    Undo("ddp-hook-refused", "46.4", (("optimum_gaudi/distributed/collective_count.py",
+                                       "    return not gradient_as_bucket_view or group_size & (group_size - 1) == 0",
+                                       "    return True"),),
+         (f"{COUNT}::test_the_counting_hook_gives_ddps_gradients_bit_for_bit_and_is_refused_where_it_could_not",),
+         device=False),
 )  # fmt: skip
 
 

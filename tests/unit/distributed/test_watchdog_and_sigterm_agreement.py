@@ -346,9 +346,43 @@ def test_a_hang_in_the_first_step_a_save_or_an_evaluation_fires_after_the_long_l
     assert [v["ranks"] for v in verdicts] == [[1]] and verdicts[0]["where"] == "after step 2"
 
     dog = Watchdog(FakeStore(), 0, 2, tmp_path, long_floor=100)
-    assert dog.long_limit == 100
-    dog.slowest_pause = 1200  # saves took 20 minutes: twice that
-    assert dog.long_limit == 2400
+    assert dog.long_limit == 100 == dog.window_limit("a save")
+
+
+def test_each_window_has_a_limit_of_its_own_from_the_runs_measured_times_above_a_floor(tmp_path):
+    """Issue 46, point 2: a save's limit is the floor (--hang_long_timeout) or twice the longest save measured,
+    an evaluation's likewise from evaluations, a compiling step's from compiling steps: a long evaluation does not
+    lengthen a save's limit. A rank waiting for a peer's save waits the save's limit."""
+    from optimum_gaudi.distributed.watchdog import COMPILING
+
+    dog, peer, verdicts = watchdog_pair(tmp_path, limit=1.0)
+    dog.long_floor = 10.0
+    dog.step_begin(1)
+    dog._step_began -= 4  # the first step took 4 s
+    dog.step_end(1)
+    dog.pause("a save")
+    dog._pause_began -= 30  # a save of 30 s
+    dog.step_begin(2)
+    dog.compiling("step 2 of this process")
+    dog._step_began -= 7  # a compiling step of 7 s
+    dog.step_end(2)
+    dog.pause("an evaluation")
+    dog._pause_began -= 3  # an evaluation of 3 s: under the floor
+    dog.step_begin(3)
+    assert set(dog.longest) == {"the first step", "a save", COMPILING, "an evaluation"}
+    assert 4 <= dog.longest["the first step"] < 5
+    assert 60 <= dog.window_limit("a save") < 61  # twice the longest save
+    assert 14 <= dog.window_limit(COMPILING) < 15  # twice the longest compiling step
+    assert dog.window_limit("an evaluation") == 10.0 == dog.window_limit("a compilation")  # the floor
+    # rank 0 waits in step 3 for rank 1, which saves after step 2: the save's limit, not the floor, holds
+    dog._last_progress -= 40
+    peer(1, 4, paused="a save")
+    dog._tick()
+    assert verdicts == []
+    dog._last_progress -= 21
+    peer(2, 4, paused="a save")
+    dog._tick()
+    assert [v["ranks"] for v in verdicts] == [[1]]
 
 
 def test_a_rank_stopped_as_a_step_ended_is_named_as_stopped_not_behind(tmp_path):

@@ -42,10 +42,11 @@ from . import _deadlines, _maps
 
 # (collective, reduce op or None, dtypes, device type, group size, issuing modules): each distinct one once
 census: set[tuple] = set()
-# frames that say nothing about who issued a collective: the simulator, torch's c10d front end, decorators
+# frames that say nothing about who issued a collective: the simulator, torch's c10d front end, decorators, and
+# optimum-gaudi's collective count (its stand-ins for torch's functions and its DDP hook, which replays the reducer)
 _PLUMBING = ("habana_frameworks", "torch.distributed.distributed_c10d", "torch.distributed.c10d_logger",
              "torch.utils._contextlib", "contextlib", "functools", "torch.autograd", "torch._tensor",
-             "torch._dynamo.eval_frame")  # fmt: skip
+             "torch._dynamo.eval_frame", "optimum_gaudi.distributed.collective_count")  # fmt: skip
 
 
 def _issuers(limit: int = 40) -> tuple[str, ...]:

@@ -1,0 +1,115 @@
+"""The project's own collective count (distributed/collective_count.py, issue 46 point 4): where the backend keeps
+none (HCCL), collectives issued through torch.distributed's functions and DDP's reducer are counted per group with
+the collective and its call site, and DDP's gradients keep their bits. The watchdog's use of it on simulated
+Gaudis: tests/integration/distributed/test_stalled_slow_or_diverging_ranks.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+from support import SCRIPTS, job_environment
+
+from optimum_gaudi.distributed import collective_count
+
+
+@pytest.fixture
+def one_process_group(tmp_path, monkeypatch):
+    """A gloo group of one process, read as a backend without a count (as HCCL)."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    monkeypatch.setattr(collective_count, "backend_counts", lambda group=None: False)
+    try:
+        yield
+    finally:
+        collective_count.stop()
+        dist.destroy_process_group()
+
+
+def test_a_backend_with_sequence_numbers_is_not_counted_again(tmp_path):
+    """On gloo (and NCCL) torch numbers the collectives: nothing is replaced, the count is torch's."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        original = dist.all_reduce
+        assert collective_count.backend_counts() and collective_count.start() is None
+        assert dist.all_reduce is original and collective_count.active() is None
+    finally:
+        dist.destroy_process_group()
+
+
+def test_collectives_are_counted_per_group_with_their_call_site_and_an_object_collective_once(one_process_group):
+    original = dist.all_reduce
+    count = collective_count.start()
+    assert count is not None and dist.all_reduce is not original
+    assert dist.distributed_c10d.all_reduce is dist.all_reduce  # the callers through either module
+    other = dist.new_group([0])
+    dist.all_reduce(torch.ones(2))
+    dist.broadcast(torch.ones(2), 0)
+    line = sys._getframe().f_lineno + 1
+    dist.all_gather_object([None], {"a": 1}, group=other)  # all_gather underneath: counted once
+    assert count.default_count() == 2 and count.counts[collective_count.group_key(other)] == 1
+    waiting = count.waiting_in()
+    assert waiting.startswith(f"all_gather_object on group {other.group_name} (its collective 1, issued ")
+    assert f"test_collective_count.py:{line} (test_collectives_are_counted" in waiting
+    assert waiting.endswith("; optimum-gaudi's count)")
+    work = dist.all_reduce(torch.ones(1), async_op=True)  # asynchronous: not known to have come back
+    work.wait()
+    assert count.waiting_in().startswith("all_reduce on the default group (its collective 3, ")
+    collective_count.stop()
+    assert dist.all_reduce is original and dist.distributed_c10d.all_reduce is original
+    dist.all_reduce(torch.ones(1))
+    assert count.default_count() == 3  # stopped: nothing counts
+
+
+def test_the_counting_hook_gives_ddps_gradients_bit_for_bit_and_is_refused_where_it_could_not(tmp_path):
+    """3 gloo processes (tests/scripts/ddp_hook_bits.py): for groups of 2 and 3, gradients in the buckets or not,
+    zeroed to None or to zeros, each step's gradients with the hook equal those without, bit for bit, and the hook
+    counts the bucket all-reduces. Refused where it cannot be exact (views, a size of 3): forced there, the bits
+    differ from step 2 (the reducer divides the bucket views; the hook multiplies by 1/3)."""
+    out = tmp_path / "bits.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "ddp_hook_bits.py"), str(out)],
+        env=job_environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    forced = results.pop("size=3 view=True to_none=False hook=forced")
+    assert forced["equal"] == [True, False, False]  # why it is refused there
+    refused = {key for key, r in results.items() if not r["installed"]}
+    assert refused == {"size=3 view=True to_none=True hook=asked", "size=3 view=True to_none=False hook=asked"}
+    for key, result in results.items():
+        assert result["equal"] == [True, True, True], key
+        assert (result["counted"] > 0) == result["installed"], key
+
+
+def test_the_hook_is_exact_where_the_reducers_two_scalings_agree():
+    assert collective_count.ddp_hook_is_exact(False, 3)
+    assert collective_count.ddp_hook_is_exact(True, 8) and collective_count.ddp_hook_is_exact(True, 64)
+    assert not collective_count.ddp_hook_is_exact(True, 24)
+
+
+def test_a_compiled_function_calling_a_collective_compiles_into_the_same_graph_with_the_count_on(one_process_group):
+    """Dynamo rewrites torch's collective into a functional one: the counting function steps aside while it
+    traces, so the graph (one, no break) is the one without the count, and nothing inside it is counted."""
+
+    def step(x):
+        y = x * 2
+        dist.all_reduce(y)
+        return y + 1
+
+    torch._dynamo.reset()
+    without = torch._dynamo.explain(step)(torch.ones(4))
+    torch._dynamo.reset()
+    count = collective_count.start()
+    counted = torch._dynamo.explain(step)(torch.ones(4))
+    assert (
+        (without.graph_count, without.graph_break_count) == (counted.graph_count, counted.graph_break_count) == (1, 0)
+    )
+    assert torch.equal(torch.compile(step)(torch.ones(4)), torch.full((4,), 3.0)) and count.counts == {}
+    torch._dynamo.reset()
