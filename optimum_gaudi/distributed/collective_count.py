@@ -4,7 +4,8 @@ The progress watchdog tells a rank in an endless loop, or in a collective the ot
 merely wait by the number of collectives each issued: the ranks waiting went on to the next collective, the rank
 stuck did not. torch keeps that number in each group (``_get_sequence_number_for_group``) for its own backends;
 for a custom one, such as the Gaudi bridge's HCCL, it raises, so every rank would read alike. There, and only while
-the watchdog runs, this module counts:
+the watchdog runs, this module counts (also where torch's flight recorder cannot name the collective a rank waits
+in: gloo on torch 2.6 and 2.7):
 
 - every collective called through torch.distributed's Python functions (the trainer's own, fast_ddp's, FSDP2's,
   accelerate's, transformers', torch.distributed.checkpoint's, DeepSpeed's ``deepspeed.comm``): the functions of
@@ -124,16 +125,23 @@ def backend_counts(group: Any = None) -> bool:
     return True
 
 
+def flight_recorder_names_collectives() -> bool:
+    """Whether torch's flight recorder can name the collective a rank waits in on any backend (torch 2.8's
+    ``_dump_fr_trace_json``); on torch 2.6 and 2.7 (Gaudi 1.20-1.22) it records NCCL's only."""
+    return hasattr(torch._C._distributed_c10d, "_dump_fr_trace_json")
+
+
 def active() -> CollectiveCount | None:
     return _active
 
 
 def start(ddp_model: Any = None) -> CollectiveCount | None:
-    """Count from now, where the default group's backend keeps no count; None (nothing done) where it does."""
+    """Count from now, where the default group's backend keeps no count or torch's flight recorder cannot say what a
+    rank waits in; None (nothing done) where both can."""
     global _active
     if _active is not None:
         return _active
-    if not dist.is_initialized() or backend_counts():
+    if not dist.is_initialized() or backend_counts() and flight_recorder_names_collectives():
         return None
     _active = CollectiveCount()
     for name, position in COLLECTIVES.items():

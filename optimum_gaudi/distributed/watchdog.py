@@ -522,7 +522,7 @@ def _collectives() -> int:
 
 
 def _whose_count() -> str:
-    if collective_count.active() is not None:
+    if collective_count.active() is not None and not collective_count.backend_counts():
         return " (optimum-gaudi's count: the backend keeps none)"
     return ""
 
