@@ -143,7 +143,8 @@ CPU_FSDP = _cpu_fsdp_problem() is None
 cpu_fsdp = pytest.mark.skipif(not CPU_FSDP, reason=str(_cpu_fsdp_problem()))
 # torch 2.6's dynamo breaks in transformers 5's own wrappers (co_varnames, a dict subclass's super().get): a model
 # compiles there in pieces, whatever the package does (README, "Which torch each Gaudi release ships")
-DYNAMO_BREAKS_IN_TRANSFORMERS = tuple(map(int, torch.__version__.split(".")[:2])) < (2, 7)
+TORCH_RELEASE = tuple(map(int, torch.__version__.split(".")[:2]))
+DYNAMO_BREAKS_IN_TRANSFORMERS = TORCH_RELEASE < (2, 7)
 
 
 def use_torchao() -> None:

@@ -29,14 +29,20 @@ def one_process_group(tmp_path, monkeypatch):
         dist.destroy_process_group()
 
 
-def test_a_backend_with_sequence_numbers_is_not_counted_again(tmp_path):
-    """On gloo (and NCCL) torch numbers the collectives: nothing is replaced, the count is torch's."""
+def test_a_backend_with_sequence_numbers_and_a_flight_record_is_not_counted_again(tmp_path):
+    """On gloo (and NCCL) torch numbers the collectives and, from torch 2.8, its flight recorder names them: nothing
+    is replaced. On torch 2.6 and 2.7, whose recorder holds NCCL's only, gloo's are counted for their names."""
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         original = dist.all_reduce
-        assert collective_count.backend_counts() and collective_count.start() is None
-        assert dist.all_reduce is original and collective_count.active() is None
+        assert collective_count.backend_counts()
+        if collective_count.flight_recorder_names_collectives():
+            assert collective_count.start() is None
+            assert dist.all_reduce is original and collective_count.active() is None
+        else:
+            assert collective_count.start() is not None and dist.all_reduce is not original
     finally:
+        collective_count.stop()
         dist.destroy_process_group()
 
 
