@@ -107,6 +107,10 @@ class CPUDevice(Device):
     # random stream as an eager run, and faster here than inductor's own generator on CPU (the benchmarks'
     # GPT-2 4x256 training step, compiled both ways in one process: 140.6 against 151.9 ms).
     inductor_options = {"fallback_random": True}
+    # gloo's reduce-scatter takes ReduceOp.AVG but sums on torch 2.6 and 2.7 (2.9 averages): FSDP2's gradients came
+    # out world-size times too large there, which Adam and clipping hide from the loss. FSDP sums and divides
+    # before 2.9, as on a Gaudi.
+    collectives_average = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 9)
     behaviour = {
         "use_habana": "no Gaudi here: runs on CPU",
         "use_lazy_mode": "eager execution (no lazy graphs on CPU)",

@@ -7,15 +7,18 @@
 # PyPI's Linux builds of torch are CUDA builds (about 3 GB with their CUDA libraries; 1-3 minutes to install here)
 # where a Gaudi's torch is a CPU build: they run on the CPU all the same, and the simulated Gaudi stands where a
 # CPU build would (tests/fakes/README.md). The package is imported from the working tree; transformers and the rest
-# are the newest that install beside each torch. torchao (--fp8 on CPU: the release made for that torch, from
-# gaudi_torch.txt) and DeepSpeed go in folders of their own in the venv, on the path only of the tests that use
-# them, as the Makefile keeps them apart from .venv; DeepSpeed's tests run after the rest (TORCH_TESTS=all).
+# are the newest that install beside each torch. torchao (--fp8 on CPU) and DeepSpeed go in folders of their own in
+# the venv, on the path only of the tests that use them, as the Makefile keeps them apart from .venv; DeepSpeed's
+# tests run after the rest (TORCH_TESTS=all). torchao 0.16 on every torch: the oldest release PEFT 0.21's LoRA
+# layers accept beside them (0.12-0.14, made for torch 2.6-2.9, are refused at import); its float8 training runs in
+# Python on 2.6-2.10 (its prebuilt kernels, for another torch, are not used).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 PYTHON=${PYTHON:-python3}
 ROOT=${TORCH_COMPAT_ROOT:-.venv-torch}
 TORCH_TESTS=${TORCH_TESTS:-all}
+TORCHAO=${TORCHAO:-0.16.0}
 # What touches every feature on another torch: the unit suite, then FSDP + sharded checkpoints, context parallelism,
 # fp8, the fused loss, DDP and fast_ddp, the watchdog, resume and the simulated-Gaudi launches; DeepSpeed apart.
 INTEGRATION=(
@@ -50,9 +53,8 @@ for version in "${VERSIONS[@]}"; do
 		"$venv/bin/python" -m pip install -q "torch==$version" 2>&1 | grep -v "is ignored" || true
 		"$venv/bin/python" -m pip install -q -e ".[tests]" 2>&1 | grep -v "is ignored" || true
 		"$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$version')"
-		torchao=$(awk -v torch="$version" '$2 == torch { print $3; exit }' tests/compat/gaudi_torch.txt)
 		pip_into() { "$venv/bin/python" -m pip install -q --no-deps --target "$@" 2>&1 | grep -v "is ignored" || true; }
-		[ -z "$torchao" ] || pip_into "$venv/torchao" "torchao==$torchao"
+		pip_into "$venv/torchao" "torchao==$TORCHAO"
 		pip_into "$venv/deepspeed" deepspeed einops hjson msgpack ninja nvidia-ml-py py-cpuinfo
 		touch "$venv/.installed"
 	fi

@@ -162,6 +162,22 @@ def test_fsdp_on_two_simulated_gaudis_saves_sharded_checkpoints_and_resumes(two_
     assert {"model.safetensors", "config.json", "gaudi_config.json"} <= set(final["files"]) and final["equal"] is True
 
 
+def test_the_cpu_says_whether_gloos_reduce_scatter_averages_on_this_torch(tmp_path):
+    """FSDP2 reduce-scatters float32 gradients with ReduceOp.AVG; gloo took it but summed on torch 2.6 and 2.7, and
+    FSDP's gradients came out twice too large on 2 CPU processes (hidden from the losses by Adam and clipping; the
+    gradient norm was twice one process's). The CPU device says so, and FSDP then sums and divides."""
+    from optimum_gaudi.devices.cpu import CPUDevice
+
+    out = tmp_path / "avg.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+    command += ["--master_port", str(free_port()), str(SCRIPTS / "gloo_reduce_scatter_avg.py"), str(out)]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))}
+    result = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    averaged = json.loads(out.read_text())["result"] == [3.5, 3.5]  # the mean of 3 and 4; a sum gives 7
+    assert CPUDevice.collectives_average == averaged
+
+
 def test_fsdp_sums_for_avg_as_ddp_on_two_simulated_gaudis_on_every_torch(tmp_path):
     """HCCL takes no ReduceOp.AVG. torch 2.8+ sums and divides with FSDPModule.set_force_sum_reduction_for_comms;
     torch 2.6 and 2.7 (Gaudi software 1.20-1.22) have no such switch, so each unit's group sums and the loss's
