@@ -73,6 +73,8 @@ def check_the_plan(trainer: Any) -> None:
     args = trainer.args
     if args.ignore_plan or trainer.train_dataset is None or getattr(trainer.model, "config", None) is None:
         return
+    if not all(parameter.requires_grad for parameter in trainer.model.parameters()):
+        return  # frozen weights (LoRA, PEFT) need far less than the full fine-tuning the planner counts
     sequence = _first_sequence_length(trainer.train_dataset)
     shape = _shape_of(trainer.model.config) if sequence else None
     if shape is None or getattr(args, "_gaudi_plan_checked", None) == (shape, sequence):  # checked before loading

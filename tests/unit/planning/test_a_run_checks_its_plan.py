@@ -34,3 +34,14 @@ def test_ignore_plan_trains_anyway_and_a_cpu_is_not_checked(tmp_path, monkeypatc
     assert _trainer(tmp_path, ignore_plan=True).train().global_step == 1
     monkeypatch.undo()  # the CPU itself: no card, no check
     assert plan_check.card_of(_trainer(tmp_path).gaudi_device) is None
+
+
+def test_a_run_that_trains_part_of_the_weights_is_not_stopped_by_a_full_fine_tuning_plan(tmp_path, monkeypatch):
+    """The planner counts full fine-tuning (every weight's gradient and optimizer state). A run that freezes weights,
+    as LoRA and other PEFT methods do, needs far less: the full plan would stop a LoRA run that fits (a 70B model's
+    adapters on 8 cards), so such a run is not checked."""
+    monkeypatch.setattr(plan_check, "card_of", lambda device: SMALL_CARD)
+    trainer = _trainer(tmp_path)
+    for name, parameter in trainer.model.named_parameters():
+        parameter.requires_grad_("q_proj" in name)  # the weights a LoRA adapter would sit beside
+    assert trainer.train().global_step == 1
