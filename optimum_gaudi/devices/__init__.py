@@ -12,7 +12,7 @@ import os
 import torch
 
 from ..errors import UserError
-from .base import FEATURES, Device
+from .base import FEATURES, Device, torch_release
 from .cpu import CPUDevice
 from .cuda import CUDADevice
 from .hpu import HPUDevice, hpu_available, unavailable_reason
@@ -49,7 +49,7 @@ class TorchTooOldError(UserError, RuntimeError):
 def check_torch_release(version: str = torch.__version__) -> None:
     """One line, before any work, where the running torch is older than the floor (a Gaudi on software 1.19 or
     older, or a torch installed beside the package without its requirement)."""
-    release = tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+    release = torch_release(version)
     if release < TORCH_FLOOR:
         floor = ".".join(map(str, TORCH_FLOOR))
         raise TorchTooOldError(

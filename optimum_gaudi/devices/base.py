@@ -18,6 +18,11 @@ from ..precision.fp8 import Fp8Plan
 logger = logging.getLogger(__name__)
 
 
+def torch_release(version: str = torch.__version__) -> tuple[int, ...]:
+    """(major, minor) of a torch version string ("2.6.0+hpu.synapse.v1.21.0" -> (2, 6))."""
+    return tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+
+
 def has_fp8_matmul(device_type: str) -> bool:
     """Whether this torch has an fp8 matmul (``aten::_scaled_mm``) for the device: CPU's came with torch 2.8."""
     key = torch._C._dispatch_key_for_device(device_type)
@@ -184,8 +189,6 @@ class Device:
         None where attention has no fp8 kernel (the flag changes nothing)."""
         return None
 
-    # ---- fp8 (precision/fp8.py): torchao's float8 training here, the Gaudi Transformer Engine on a Gaudi ------------
-
     def fsdp_problem(self) -> str | None:
         """Why --fsdp cannot run here, in one line; None when it can. FSDP2 overlaps its collectives on streams of
         the device's module and records events on them: torch 2.6's CPU streams have no ``record_event``."""
@@ -195,6 +198,8 @@ class Device:
             f"--fsdp on {self.type.upper()} needs torch 2.7 or newer (FSDP2 records events on the device's streams, "
             f"which torch {torch.__version__}'s {self.type.upper()} streams lack): train with DDP, or --deepspeed."
         )
+
+    # ---- fp8 (precision/fp8.py): torchao's float8 training here, the Gaudi Transformer Engine on a Gaudi ------------
 
     def fp8_problem(self, compiling: bool = False) -> str | None:
         """Why --fp8 cannot train here, in one line; None when it can (``compiling``: with --torch_compile)."""

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from .base import GB, Device
+from .base import GB, Device, torch_release
 from .host_memory import freed_memory_kept
 
 
@@ -110,7 +110,7 @@ class CPUDevice(Device):
     # gloo's reduce-scatter takes ReduceOp.AVG but sums on torch 2.6 and 2.7 (2.9 averages): FSDP2's gradients came
     # out world-size times too large there, which Adam and clipping hide from the loss. FSDP sums and divides
     # before 2.9, as on a Gaudi.
-    collectives_average = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 9)
+    collectives_average = torch_release() >= (2, 9)
     behaviour = {
         "use_habana": "no Gaudi here: runs on CPU",
         "use_lazy_mode": "eager execution (no lazy graphs on CPU)",
