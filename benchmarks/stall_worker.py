@@ -115,12 +115,12 @@ def main() -> None:
         os._exit(0)
     import tiny
 
-    import optimum_gaudi.trainers.trainer as trainer_module
+    import optimum_gaudi.trainers.supervision as supervision
     from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 
     if mode == "speed-off":  # the same run without the watchdog and the straggler figures
-        trainer_module.watchdog_wanted = lambda args: False
-        trainer_module.Stragglers = lambda threshold: None
+        supervision.watchdog_wanted = lambda args: False
+        supervision.Stragglers = lambda threshold, host_group: None
     (args,) = HfArgumentParser(GaudiTrainingArguments).parse_args_into_dataclasses(argv)
     torch.set_num_threads(1)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))

@@ -47,7 +47,7 @@ def main() -> None:
         weights = {name: p.detach().contiguous() for name, p in model.named_parameters()}
         safetensors.torch.save_file(weights, out / f"weights-{restart}.safetensors")
         result = {
-            "resumed_from": trainer._resumed_from,
+            "resumed_from": trainer._checkpointing.resumed_from,
             "global_step": trainer.state.global_step,
             "losses": tiny.logged_losses(trainer),
         }

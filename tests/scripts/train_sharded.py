@@ -107,7 +107,7 @@ def train(out: Path, name: str, args: GaudiTrainingArguments, callbacks=()) -> N
         safetensors.torch.save_file(full, out / f"{name}.safetensors")
         result = {
             "losses": tiny.logged_losses(trainer),
-            "resumed_from": trainer._resumed_from,
+            "resumed_from": trainer._checkpointing.resumed_from,
             "world": args.world_size,
             "published_at_save": published.seen,
         }

@@ -100,19 +100,19 @@ UNDOS = (
                                '    e["GROUP_RANK"] = str(int(e["RANK"]) // int(e["LOCAL_WORLD_SIZE"]))',
                                '    e["GROUP_RANK"] = e["OMPI_COMM_WORLD_NODE_RANK"]'),),
          (f"{LAUNCH_JOBS}::test_mpi_worker_gives_each_rank_the_torch_variables",), device=False),
-    Undo("ddp-second-train", "11", (("optimum_gaudi/trainers/trainer.py",
-                                     "        for candidate in (model, self.accelerator.unwrap_model(model, "
+    Undo("ddp-second-train", "11", (("optimum_gaudi/preparation/pipeline.py",
+                                     "        for candidate in (model, self.trainer.accelerator.unwrap_model(model, "
                                      "keep_torch_compile=False)):",
                                      "        for candidate in (model,):"),),
          (f"{I20}::test_a_second_train_under_ddp_takes_the_inference_graph_off_the_model",)),
-    Undo("seam-order", "39", (("optimum_gaudi/features/preparation.py",
+    Undo("seam-order", "39", (("optimum_gaudi/features/seam.py",
                                "        peeled = self._peel(stage)\n", "        peeled = []\n"),),
-         ("unit/features/test_preparation.py::test_a_contribution_goes_under_the_ones_that_belong_over_it",),
+         ("unit/features/test_seam.py::test_a_contribution_goes_under_the_ones_that_belong_over_it",),
          device=False),
-    Undo("seam-own-loss", "39", (("optimum_gaudi/features/preparation.py",
+    Undo("seam-own-loss", "39", (("optimum_gaudi/features/seam.py",
                                   "            if vars(self.owner).get(self._key, _MISSING) is not self._layers[-1].value:",
                                   "            if False:"),),
-         ("unit/features/test_preparation.py::test_a_loss_function_assigned_over_the_seam_is_the_models_own",),
+         ("unit/features/test_seam.py::test_a_loss_function_assigned_over_the_seam_is_the_models_own",),
          device=False),
     Undo("adamw-state", "11", (("optimum_gaudi/trainers/trainer.py", "        if made_here:\n", "        if False:\n"),),
          (f"{I20}::test_a_fused_adamw_checkpoint_resumes_on_torch_adamw_with_its_step_count_and_back",)),
@@ -195,8 +195,8 @@ UNDOS = (
          ("integration/features/test_linear_cross_entropy.py::"
           "test_a_short_batch_padded_in_the_forward_gives_the_models_own_losses",), device=False),
     # training graphs laid on the model under an earlier train()'s wrapper, not on the wrapper
-    Undo("graphs-under-wrapper", "39", (("optimum_gaudi/trainers/trainer.py",
-                                         "        inner = self.accelerator.unwrap_model(model, keep_torch_compile=False)\n"
+    Undo("graphs-under-wrapper", "39", (("optimum_gaudi/preparation/pipeline.py",
+                                         "        inner = self.trainer.accelerator.unwrap_model(model, keep_torch_compile=False)\n"
                                          '        seam = Seam.of(inner, "forward")\n',
                                          '        inner = model\n        seam = Seam.of(inner, "forward")\n'),),
          ("integration/distributed/test_fast_ddp.py::"

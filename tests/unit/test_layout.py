@@ -31,6 +31,8 @@ ALLOWED = {
     "features": {"errors", "precision", "configuration", "devices"},
     # launch: what the launcher tells its ranks (launch/ranks.py), read by the watchdog
     "distributed": {"errors", "precision", "configuration", "devices", "launch"},
+    # model preparation's stages, in order: above the features and the parallelism they apply
+    "preparation": {"errors", "precision", "configuration", "devices", "features", "distributed"},
     "trainers": {
         "errors",
         "precision",
@@ -38,6 +40,7 @@ ALLOWED = {
         "devices",
         "features",
         "distributed",
+        "preparation",
         "checkpoints",
         "launch",
         "planning",

@@ -338,7 +338,7 @@ def test_a_checkpoint_whose_weights_were_saved_again_resumes_with_one_warning(fi
 
 
 def test_run_totals_are_saved_beside_the_state_and_older_checkpoints_still_carry_them(finished_run, tmp_path):
-    from optimum_gaudi.trainers.trainer import RUN_TOTALS_FILE, RUN_TOTALS_KEY
+    from optimum_gaudi.trainers.checkpointing import RUN_TOTALS_FILE, RUN_TOTALS_KEY
 
     run = _copy_run(finished_run, tmp_path / "run")
     checkpoint = run / "checkpoint-2"

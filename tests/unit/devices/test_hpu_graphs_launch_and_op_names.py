@@ -131,7 +131,7 @@ def test_bf16_with_training_graphs_and_fast_ddp_runs_the_graph_under_hpu_autocas
     monkeypatch.setattr("transformers.training_args.is_torch_bf16_gpu_available", lambda: True)
     monkeypatch.setattr(GaudiTrainer, "_use_fast_ddp", lambda self: True)
     monkeypatch.setattr(fast_ddp.FusedGradientAllReduce, "__init__", lambda self, params, dtype=None: None)
-    monkeypatch.setattr("optimum_gaudi.trainers.trainer.broadcast_parameters", lambda model: None)
+    monkeypatch.setattr("optimum_gaudi.preparation.pipeline.broadcast_parameters", lambda model: None)
     args = hpu_args(
         tmp_path, use_lazy_mode=True, use_hpu_graphs_for_training=True, bf16=True, distribution_strategy="fast_ddp"
     )

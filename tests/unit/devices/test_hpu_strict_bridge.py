@@ -112,7 +112,7 @@ def test_fast_ddp_with_hpu_graphs_graphs_the_inner_model(bridge, tmp_path, tiny_
     monkeypatch.setattr(GaudiTrainer, "_use_fast_ddp", lambda self: True)
     monkeypatch.setattr(fast_ddp, "broadcast_parameters", lambda model: None)
     monkeypatch.setattr(fast_ddp.FusedGradientAllReduce, "__init__", lambda self, params, dtype=None: None)
-    monkeypatch.setattr("optimum_gaudi.trainers.trainer.broadcast_parameters", lambda model: None)
+    monkeypatch.setattr("optimum_gaudi.preparation.pipeline.broadcast_parameters", lambda model: None)
     args = hpu_args(tmp_path, use_lazy_mode=True, use_hpu_graphs_for_training=True, distribution_strategy="fast_ddp")
     trainer = GaudiTrainer(model=tiny_gpt2(), args=args, train_dataset=tiny_lm_data)
     model = trainer._wrap_model(trainer.model, training=True)  # ModuleCacher asserts on a forward(*args)

@@ -317,7 +317,7 @@ def _ddp_handler_after_wrap(tmp_path, **flags):
         given = {"bucket_cap_mb": args.ddp_bucket_cap_mb} if args.ddp_bucket_cap_mb is not None else {}
         trainer.accelerator.ddp_handler = DistributedDataParallelKwargs(**given)
     find_unused = trainer.accelerator.ddp_handler.find_unused_parameters
-    trainer._use_device_ddp_defaults()
+    trainer._preparation.use_device_ddp_defaults()
     assert trainer.accelerator.ddp_handler.find_unused_parameters == find_unused  # transformers' choice stays
     return trainer.accelerator.ddp_handler
 

@@ -1,4 +1,4 @@
-"""The trainer prepares its model in the order features/preparation.py writes down (issue 39, item 3), and
+"""The trainer prepares its model in the order preparation/pipeline.py writes down (issues 39 and 47), and
 the model it prepared comes back whole with one call."""
 
 from __future__ import annotations
@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 from tiny import llama
-from transformers import Trainer
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
-from optimum_gaudi.features import attention
-from optimum_gaudi.features.preparation import STAGES, Seam, undo
+from optimum_gaudi.features.seam import Seam, undo
+from optimum_gaudi.preparation import pipeline
 
 
 def trainer(tmp_path, **flags) -> GaudiTrainer:
@@ -19,8 +18,20 @@ def trainer(tmp_path, **flags) -> GaudiTrainer:
     return GaudiTrainer(model=llama(), args=args, train_dataset=[{"input_ids": r, "labels": r} for r in ids])
 
 
-def test_wrap_model_runs_the_stages_in_the_written_order(tmp_path, monkeypatch):
-    """Every stage recorded as it runs (the sequence split and fast_ddp stood in for: one process here)."""
+def test_the_stages_run_in_the_order_of_the_list(tmp_path, monkeypatch):
+    """The order is the list: it names the stages as issue 39 fixed them, and _wrap_model runs each of them, in
+    that order, once (every stage recorded as it runs; one process here)."""
+    assert [name for name, _ in pipeline.STAGES] == [
+        "attention",
+        "sequence_parallel",
+        "kernels",
+        "precision",
+        "compile",
+        "fused_loss",
+        "accelerate",
+        "graphs",
+        "fast_ddp",
+    ]
     ran: list[str] = []
     gaudi = trainer(
         tmp_path,
@@ -31,31 +42,18 @@ def test_wrap_model_runs_the_stages_in_the_written_order(tmp_path, monkeypatch):
         use_fused_linear_cross_entropy=True,
     )
 
-    def recording(stage, run):
+    def recording(name, stage):
         def record(*args, **kwargs):
-            ran.append(stage)
-            return run(*args, **kwargs)
+            ran.append(name)
+            return stage(*args, **kwargs)
 
         return record
 
-    for stage, name in [
-        ("kernels", "_prepare_kernels"),
-        ("compile", "_prepare_compile"),
-        ("fused_loss", "_prepare_fused_loss"),
-        ("graphs", "_with_training_graphs"),
-    ]:
-        monkeypatch.setattr(gaudi, name, recording(stage, getattr(gaudi, name)))
-    monkeypatch.setattr(attention, "use", recording("attention", attention.use))
-    monkeypatch.setattr(gaudi._precision, "convert", recording("precision", gaudi._precision.convert))
-    monkeypatch.setattr(Trainer, "_wrap_model", recording("accelerate", Trainer._wrap_model))
-    monkeypatch.setattr(
-        gaudi, "_sequence_parallel", type("Split", (), {"use": staticmethod(recording("sequence_parallel", id))})()
-    )
-    monkeypatch.setattr(gaudi, "_use_fast_ddp", lambda: True)
-    monkeypatch.setattr(gaudi, "_wrap_for_fast_ddp", recording("fast_ddp", lambda model: model))
-
+    monkeypatch.setattr(pipeline, "STAGES", tuple((name, recording(name, stage)) for name, stage in pipeline.STAGES))
     gaudi._wrap_model(gaudi.model, training=True)
-    assert ran == [stage for stage, _ in STAGES]
+    assert ran == [name for name, _ in pipeline.STAGES]
+    fused = Seam.find(gaudi.model, "loss_function")
+    assert fused is not None and fused.stages == ("pinned", "compiled", "fused_loss")  # the stages did their work
 
 
 @pytest.mark.parametrize("fused", [False, True])

@@ -1,13 +1,11 @@
-"""Model preparation: the stages a trainer runs on a model, in one written order, and the one writer of the
-two seams they change.
+"""The one writer of a model's ``forward`` and ``loss_function``: the seams model preparation's stages change.
 
-A trainer prepares its model in ``_wrap_model`` (trainers/trainer.py), each stage in the order of
-:data:`STAGES`. Several stages change what the model's ``forward`` or ``loss_function`` is (the model's own or
-one of its modules'). Those writes all go through :class:`Seam`: it lays each stage's contribution over what
-is already there, checks that it lands in the order of :data:`LAYERS` (inner first), and takes any outermost
-contribution back, or all of them at once. So no stage depends on knowing which stage wrapped the seam before it
-(the fused loss reads the model's own loss function from the seam, not through compilation's wrapper), and
-:func:`undo` gives the model back as it came.
+Several stages of a trainer's model preparation (optimum_gaudi/preparation/) change what the model's ``forward``
+or ``loss_function`` is (the model's own or one of its modules'). Those writes all go through :class:`Seam`: it
+lays each stage's contribution over what is already there, checks that it lands in the order of :data:`LAYERS`
+(inner first), and takes any outermost contribution back, or all of them at once. So no stage depends on knowing
+which stage wrapped the seam before it (the fused loss reads the model's own loss function from the seam, not
+through compilation's wrapper), and :func:`undo` gives the model back as it came.
 """
 
 from __future__ import annotations
@@ -20,19 +18,6 @@ from typing import Any, TypeVar
 from torch import nn
 
 T = TypeVar("T")
-
-# The trainer's stages, in the order it runs them; what each changes. (A test checks the trainer keeps it.)
-STAGES: tuple[tuple[str, str], ...] = (
-    ("attention", "the attention implementation asked for; gaudi_fused_sdpa's kernel bound to the model's layers"),
-    ("sequence_parallel", "the model's attention split over the sequence-parallel group (ours, per trainer)"),
-    ("kernels", "the fused RMSNorm and rotary kernels: the forward of each module that has Llama's"),
-    ("precision", "fp8 layers and attention, a resumed scaling state (precision/plan.py)"),
-    ("compile", "the loss function pinned; with --use_regional_compilation, the repeated blocks and loss compiled"),
-    ("fused_loss", "training: the output layer's hook and the loss function that skips the logits"),
-    ("accelerate", "transformers' own wrap (DDP, FSDP2, DeepSpeed) and the device's DDP defaults"),
-    ("graphs", "HPU or CUDA graphs: the forward of the model, for training or inference"),
-    ("fast_ddp", "training: one fused gradient all-reduce instead of DDP's"),
-)
 
 # What each seam's contributions are, inner first: a contribution goes over those before it in this order and
 # never under one after it. static_batches is the only one that comes and goes (each short batch).

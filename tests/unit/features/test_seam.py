@@ -1,4 +1,4 @@
-"""Model preparation's seams (features/preparation.py): each stage's contribution to a model's ``forward`` or
+"""Model preparation's seams (features/seam.py): each stage's contribution to a model's ``forward`` or
 ``loss_function`` goes through one writer, lands in the written order, and comes back off in one call
 (issue 39, item 3)."""
 
@@ -17,7 +17,7 @@ from optimum_gaudi.errors import UserError
 from optimum_gaudi.features import kernels
 from optimum_gaudi.features import linear_cross_entropy as fused_loss
 from optimum_gaudi.features.compilation import CompileOptions, compile_regions, pin_loss_function
-from optimum_gaudi.features.preparation import LAYERS, OrderError, Seam, undo
+from optimum_gaudi.features.seam import LAYERS, OrderError, Seam, undo
 
 EAGER = CompileOptions(backend="eager", regional=True)
 
@@ -175,7 +175,7 @@ def test_only_the_seam_writes_a_models_forward_or_loss_function():
     found = {}
     for path in sorted((REPO / "optimum_gaudi").rglob("*.py")):
         relative = path.relative_to(REPO / "optimum_gaudi").as_posix()
-        if relative == "features/preparation.py":
+        if relative == "features/seam.py":
             continue
         lines = _writes_to_a_seam(ast.parse(path.read_text(encoding="utf-8")))
         if lines:
