@@ -147,6 +147,58 @@ def leave_process() -> None:
     os._exit(0)
 
 
+# ---- the LLM path's kernels: a Llama with its own vocabulary, built with an attention implementation, and one
+# training's losses (tests/integration/features/test_llm_kernels.py, test_two_trainers.py)
+
+LLM_VOCAB = 64
+
+
+def llm_llama(seed: int = 0, attn_implementation: str = "sdpa", dropout: float = 0.0) -> LlamaForCausalLM:
+    """Two layers, grouped-query attention (4 query heads over 2 key/value heads)."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=LLM_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=LENGTH,
+        attention_dropout=dropout,
+    )
+    return LlamaForCausalLM._from_config(config, attn_implementation=attn_implementation)
+
+
+def llm_data(rows: int = 16) -> list[dict]:
+    """``rows`` full-length random sequences over ``LLM_VOCAB`` (no padding), labels = inputs."""
+    g = torch.Generator().manual_seed(1)
+    return [{"input_ids": r, "labels": r} for r in torch.randint(1, LLM_VOCAB, (rows, LENGTH), generator=g).tolist()]
+
+
+def llm_args(tmp_path, **kwargs):
+    """GaudiTrainingArguments for 3 logged steps of batch 4, no saving, seed 0; ``kwargs`` add or replace."""
+    from optimum_gaudi import GaudiTrainingArguments
+
+    defaults = dict(
+        output_dir=str(tmp_path),
+        max_steps=3,
+        logging_steps=1,
+        per_device_train_batch_size=4,
+        report_to=[],
+        save_strategy="no",
+        seed=0,
+    )
+    return GaudiTrainingArguments(**{**defaults, **kwargs})
+
+
+def train_losses(model, training_args, data, gaudi_config=None) -> list[float]:
+    """A GaudiTrainer on ``model`` trained with ``training_args`` on ``data``: the loss of each logged step."""
+    from optimum_gaudi import GaudiTrainer
+
+    trainer = GaudiTrainer(model=model, args=training_args, train_dataset=data, gaudi_config=gaudi_config)
+    return losses(trainer)
+
+
 # ---- sequence-to-sequence: a tiny T5 and a decoder-only Llama with their own vocabulary (tests/unit/trainers/test_seq2seq.py, the HPU path's generation tests)
 
 SEQ2SEQ_VOCAB = 40

@@ -87,15 +87,13 @@ def unwrap_the_marker_too(accelerator: Any) -> None:
     """``accelerator.unwrap_model`` takes :class:`FastDDPModel` off first, as accelerate takes off DDP, FSDP and
     DeepSpeed's engines (it knows no others): transformers unwraps the trained model through it to tell a causal
     LM for label smoothing and a model already wrapped at a second train(), the trainer to find the fused loss's
-    output layer. Only this accelerator's method changes."""
+    output layer. Only this accelerator's method changes; the trainer calls this once per Accelerator, on the one
+    transformers has just made (a second call would only unwrap nothing more)."""
     unwrap = accelerator.unwrap_model
-    if getattr(unwrap, "sees_fast_ddp", False):
-        return
 
-    def unwrap_model(model: nn.Module, *args, **kwargs) -> nn.Module:
+    def unwrap_model(model: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
         while isinstance(model, FastDDPModel):
             model = model.module
         return unwrap(model, *args, **kwargs)
 
-    unwrap_model.sees_fast_ddp = True
     accelerator.unwrap_model = unwrap_model

@@ -18,11 +18,15 @@ degrees out again.
 
 The layout holds no training state: each trainer gets its own ``SequenceParallel`` (its model's local kernel,
 the step being split), so two trainers of one process never share a split. The process groups, which depend on
-the ranks only, are made once per layout (and per default group), each with the run's ``--ddp_timeout``.
+the ranks only, are made once per layout (and per default group), each with the run's ``--ddp_timeout``, and
+destroyed when the layout is collected (with the arguments that hold it), so a process that builds many runs does
+not keep every run's groups.
 """
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +66,17 @@ def argument_problem(args: Any, world_size: int) -> str | None:
     if args.use_hpu_graphs_for_training:  # a replayed graph would not run the all-to-all's collective
         return f"{flag} cannot be combined with --use_hpu_graphs_for_training yet (its all-to-all runs eagerly); drop one of them."  # fmt: skip
     return None
+
+
+def _destroy_groups(groups: dict[str, tuple[Any, Any]]) -> None:
+    """A collected layout's groups destroyed, those of the default group they were made under only: destroying
+    the default group destroys every group made beside it."""
+    dist = torch.distributed
+    for world, group in groups.values():
+        if dist.is_available() and dist.is_initialized() and dist.group.WORLD is world:
+            with contextlib.suppress(ValueError):  # "Invalid process group": its user destroyed it already
+                dist.destroy_process_group(group)
+    groups.clear()
 
 
 @dataclass(frozen=True)
@@ -133,10 +148,14 @@ class ParallelLayout:
         return torch.distributed.new_group(ranks, timeout=group_timeout(self.ddp_timeout), backend=backend)
 
     def _made(self, name: str, make: Any) -> Any:
-        """The group ``name``, made once per default group (destroyed and made again: a new one beside it)."""
+        """The group ``name``, made once per default group (destroyed and made again: a new one beside it). The
+        layout's groups are destroyed when it is collected; torch's registry would keep them to the end of the
+        process otherwise."""
         world = torch.distributed.group.WORLD
         made = self._groups.get(name)
         if made is None or made[0] is not world:
+            if not self._groups:  # the first group of this layout (a copy starts with none of its own)
+                weakref.finalize(self, _destroy_groups, self._groups).atexit = False
             made = self._groups[name] = (world, make())
         return made[1]
 

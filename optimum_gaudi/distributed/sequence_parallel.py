@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +34,8 @@ from torch import nn
 from ..errors import UserError
 
 # Each SequenceParallel registers its attention under this name and its own id: the local kernel behind it and
-# the step being split are that trainer's, never another's of the same process.
+# the step being split are that trainer's, never another's of the same process. The entry stays while a model
+# names it (the model runs it) and goes with the last such model (``release``).
 ATTENTION_NAME = "gaudi_sequence_parallel"
 # The kernels that take a whole sequence's heads and a transformers mask (or None for causal).
 LOCAL_KERNELS = ("sdpa", "eager", "gaudi_fused_sdpa")
@@ -67,6 +69,16 @@ def model_problem(model: nn.Module, size: int) -> str | None:
             "key/value heads; choose a size that divides both."
         )
     return None
+
+
+def release(name: str) -> None:
+    """Take ``name`` out of transformers' attention and mask registries. They offer registration only (deleting
+    from an instance removes its local overrides, not a ``register``'s entry), hence the class mappings."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    for interface in (AttentionInterface, AttentionMaskInterface):
+        interface._global_mapping.pop(name, None)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -134,6 +146,7 @@ class SequenceParallel:
         self.name = f"{ATTENTION_NAME}_{id(self):x}"  # this split's entry in transformers' attention registry
         self.base = "sdpa"  # the local kernel behind it: the model's own
         self.split: _Split | None = None  # the training step being split, while it runs
+        self._models = 0  # the models whose attention names this split's entry, alive
 
     def local_kernel(self, module: nn.Module) -> Callable[..., tuple[torch.Tensor, Any]]:
         """The kernel the model would run: a registered one, or ``eager`` from the layer's own modeling file."""
@@ -187,7 +200,22 @@ class SequenceParallel:
         self.base = current
         AttentionInterface.register(self.name, self.attention)
         AttentionMaskInterface.register(self.name, self.mask_function)
-        base.set_attn_implementation(self.name)
+        try:
+            base.set_attn_implementation(self.name)
+        except BaseException:
+            if not self._models:
+                release(self.name)
+            raise
+        # transformers' registries are the process's: the entry (and with it this split) goes when no model runs
+        # it any more, not at the end of the process. The trainer holds its model, so that is when the trainer
+        # is collected, or later where the user keeps the model (which still runs the entry).
+        self._models += 1
+        weakref.finalize(base, self._model_gone).atexit = False
+
+    def _model_gone(self) -> None:
+        self._models -= 1
+        if not self._models:
+            release(self.name)
 
     def check_loss(self, compute_loss_func: Callable[..., Any] | None) -> None:
         """The model computes the loss from the labels shifted over the whole sequence; a trainer's own loss

@@ -7,7 +7,7 @@ helpers), the model's own modules and functions are swapped narrowly:
   (the class, the parameters and ``state_dict`` stay as they are, so a saved model is the user's own);
 - each attention layer that calls its modeling module's ``apply_rotary_pos_emb``, where that function is Llama's
   rotate-half one, runs the kernel in its place (the module function dispatches to the kernel only while such
-  a layer of this model runs).
+  a layer of this model runs on that thread).
 
 Anything else (Gemma's ``1 + weight`` norm, GPT-J's pairwise rotation) is left alone: the swap is decided by
 the code being the same as Llama's, not by the class name. On devices without such kernels nothing is touched,
@@ -22,6 +22,7 @@ import inspect
 import logging
 import re
 import sys
+import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -83,7 +84,17 @@ def _fused_rms_norm_forward(kernel: RMSNormKernel) -> Callable[[nn.Module, torch
     return forward
 
 
-_active_rotary: RotaryKernel | None = None  # set while an attention layer of a model given the kernel runs
+class _ActiveRotary(threading.local):
+    """The fused kernel of the attention layer running on this thread; None outside such a layer (the modeling
+    module's own function runs). Set and restored around each fused layer's forward, so it is a dynamic scope, and
+    one per thread: a model another thread runs meanwhile never takes this one's kernel. A thread-local rather than
+    a ``ContextVar``: dynamo traces (and guards) a thread-local's attribute as it does a global, but cannot trace
+    ``ContextVar.get``, which would break the graph of every compiled attention layer."""
+
+    kernel: RotaryKernel | None = None
+
+
+_active_rotary = _ActiveRotary()
 
 
 def fuse_rotary(model: nn.Module, kernel: RotaryKernel) -> int:
@@ -113,7 +124,7 @@ def _install_dispatch(home: Any) -> bool:
 
     @functools.wraps(current)
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, **kwargs):
-        kernel = _active_rotary
+        kernel = _active_rotary.kernel
         if kernel is None:
             return current(q, k, cos, sin, unsqueeze_dim, **kwargs)
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
@@ -127,12 +138,11 @@ def _install_dispatch(home: Any) -> bool:
 def _with_rotary(kernel: RotaryKernel, forward: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(forward)
     def forward_with_kernel(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        global _active_rotary
-        previous, _active_rotary = _active_rotary, kernel
+        previous, _active_rotary.kernel = _active_rotary.kernel, kernel
         try:
             return forward(self, *args, **kwargs)
         finally:
-            _active_rotary = previous
+            _active_rotary.kernel = previous
 
     return forward_with_kernel
 

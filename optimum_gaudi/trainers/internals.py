@@ -3,7 +3,9 @@ when a trainer is built.
 
 The Gaudi features lean on a few internals of transformers, accelerate, peft, TRL and torch (private names such as
 ``PartialState._shared_state``, state other code does not expect written, such as accelerate's sampler shards'
-``num_processes``, Llama's rotary function recognised by its source text). A release that renames or retypes one
+``num_processes``, Llama's rotary function recognised by its source text), and patch some public names: a method or
+function replaced by ours (``Accelerator.unwrap_model`` on the run's accelerator, torch's collectives while they are
+counted), or a setting written after its owner was built (the FSDP plugin's ``mixed_precision_policy``). A release that renames or retypes one
 would otherwise fail far from the cause, or silently train without the feature. :func:`check_internals` looks each
 one up (presence, and the kind of thing it is) and fails in one line naming the first that changed; entries of an
 optional library are checked where that library is loaded, entries of a feature where the feature is on.
@@ -23,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..distributed.collective_count import COLLECTIVES
 from ..errors import UserError
 from .compat import TRAINER_HOOKS
 
@@ -90,20 +93,43 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("transformers:PretrainedConfig", "_attn_implementation", "attribute",
              ("features/attention.py", "distributed/sequence_parallel.py"),
              "read: the attention implementation a model runs, before setting --attn_implementation"),
+    Internal("transformers:AttentionInterface", "_global_mapping", "dict", ("distributed/sequence_parallel.py",),
+             "an entry removed: a split's attention once no model runs it (the registry has no unregister)"),
+    Internal("transformers.masking_utils:AttentionMaskInterface", "_global_mapping", "dict",
+             ("distributed/sequence_parallel.py",), "an entry removed: a split's mask function, with its attention"),
     Internal("transformers:PreTrainedModel", "_no_split_modules", "attribute", ("distributed/fsdp.py",),
              "read: the blocks a model names, for FSDP's error line"),
     Internal("transformers:PreTrainedModel", "_keys_to_ignore_on_save", "attribute",
              ("checkpoints/fit.py", "distributed/full_weights.py"), "read: weights transformers never saves"),
+    Internal("transformers:PreTrainedModel", "loss_function", "attribute", ("features/preparation.py",),
+             "replaced per model through its setter: the seam's contributions (pinned, compiled, fused, real rows)"),
     Internal("transformers:PreTrainedModel", "_loss_function", "instance",
              ("features/compilation.py", "features/seam.py"),
              "written and removed: the loss function's seam (pinned, compiled, fused, static batches' real rows)"),
     Internal("transformers.modeling_layers", "_gradient_checkpointing_func", "instance", ("precision/fp8.py",),
              "wrapped: layers recomputed under gradient checkpointing recompute in fp8 too"),
     Internal("transformers.models.llama.modeling_llama", "apply_rotary_pos_emb", "source", ("features/kernels.py",),
-             "source text: a model's rotary function that is Llama's gets the fused kernel", "llm_kernels"),
+             "source text: a model's rotary function that is Llama's gets the fused kernel; replaced in its modeling "
+             "module by one that runs the kernel inside the fused layers", "llm_kernels"),
     Internal("transformers.models.llama.modeling_llama:LlamaRMSNorm", "forward", "source", ("features/kernels.py",),
              "source text: an RMSNorm whose forward is Llama's gets the fused kernel", "llm_kernels"),
+    Internal("transformers.trainer_pt_utils:AcceleratorConfig", "non_blocking", "attribute",
+             ("trainers/training_args.py",), "written: --non_blocking_data_copy, read when the Accelerator is made"),
     # ---- accelerate ------------------------------------------------------------------------------------------
+    Internal("accelerate:Accelerator", "unwrap_model", "callable", ("distributed/fast_ddp.py",),
+             "replaced on the run's Accelerator: fast_ddp's marker taken off before accelerate's own unwrapping"),
+    Internal("accelerate:Accelerator", "clip_grad_norm_", "callable", ("trainers/compat.py",),
+             "replaced on the run's Accelerator (transformers < 5.3): the loop's clipping goes through _clip_grad_norm"),
+    Internal("accelerate.optimizer:AcceleratedOptimizer", "step", "callable", ("trainers/nonfinite.py",),
+             "replaced for one step: a skipped non-finite step is a no-op"),
+    Internal("accelerate.utils:FullyShardedDataParallelPlugin", "transformer_cls_names_to_wrap", "attribute",
+             ("distributed/fsdp.py",), "written after the plugin is made: the layer classes this model has"),
+    Internal("accelerate.utils:FullyShardedDataParallelPlugin", "mixed_precision_policy", "attribute",
+             ("distributed/fsdp.py",), "written after the plugin is made: FSDP2's policy from the precision plan"),
+    Internal("accelerate.utils:DistributedDataParallelKwargs", "bucket_cap_mb", "attribute", ("devices/hpu.py",),
+             "written on the Accelerator's DDP handler by the trainer before DDP wraps the model (ddp_defaults)"),
+    Internal("accelerate.utils:DistributedDataParallelKwargs", "gradient_as_bucket_view", "attribute",
+             ("devices/hpu.py",), "written as bucket_cap_mb"),
     Internal(f"{_ACC}:PartialState", "_shared_state", "dict", ("distributed/fsdp.py",),
              "written: the distributed type of a CPU run turned to FSDP, which later AcceleratorState() copy"),
     Internal(f"{_ACC}:AcceleratorState", "fsdp_plugin", "instance", ("distributed/fsdp.py",),
@@ -169,6 +195,12 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("torch._C._distributed_c10d:Backend.Options", "_timeout", "attribute", ("distributed/host_group.py",),
              "read: the default group's timeout, given to the groups made here", required=False),
     Internal("torch", "_ops", "module", ("precision/autocast.py",), "OpOverload, the ops op lists name"),
+    Internal("torch.nn:Module", "forward", "callable",
+             ("features/preparation.py", "devices/cuda.py", "devices/hpu.py"),
+             "replaced per model or module: the seam's contributions, the devices' graph wrappers"),
+    Internal("torch.compiler", "is_exporting", "callable", ("features/compilation.py",),
+             "added where missing (torch < 2.7): transformers asks it while a compile traces the masks",
+             "compile", required=False),
     Internal("torch._ops:OpOverload", "_schema", "instance", ("precision/autocast.py",),
              "read: an op's out= overloads are left out of the op list"),
     Internal("torch.library:Library", "_destroy", "callable", ("precision/autocast.py",),
@@ -223,6 +255,11 @@ INTERNALS: tuple[Internal, ...] = (
              "overridden hook (compat.TRAINER_HOOKS; older releases get a shim)", required=False)
     for hook in TRAINER_HOOKS
     if hook.startswith("_")
+) + tuple(
+    Internal(_C10D, name, "callable", ("distributed/collective_count.py",),
+             "replaced (here and in torch.distributed) while the watchdog counts collectives on a backend that keeps "
+             "no count", required=False)
+    for name in COLLECTIVES
 )  # fmt: skip
 
 # Private names of Python's own library the package uses (documented, stable): listed, not checked.

@@ -156,6 +156,23 @@ def test_no_modules_import_each_other_in_a_circle():
     assert circles(package_import_graph()) == []
 
 
+def test_no_test_file_imports_another():
+    """What test files share lives in tests/'s own modules (tiny.py, support.py, conftest.py): a test file is
+    importable only once pytest has collected its folder, and its tests would be collected twice."""
+    tests = REPO / "tests"
+    found = []
+    for path in sorted(tests.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            found += [f"{path.relative_to(tests)} imports {n}" for n in names if n.split(".")[-1].startswith("test_")]
+    assert found == []
+
+
 def test_the_checks_catch_a_device_importing_the_trainer_and_a_circle():
     bad = {
         "optimum_gaudi.devices.cpu": {"optimum_gaudi.trainers.trainer"},

@@ -14,30 +14,18 @@ import sys
 import pytest
 import torch
 from conftest import GAUDI_SOFTWARE, ON_DEVICE
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny import LENGTH, train_losses
+from tiny import LLM_VOCAB as VOCAB
+from tiny import llm_args as args
+from tiny import llm_data as full_data
+from tiny import llm_llama as llama
+from transformers import LlamaForCausalLM
 
-from optimum_gaudi import GaudiArgumentError, GaudiConfig, GaudiTrainer, GaudiTrainingArguments
+from optimum_gaudi import GaudiArgumentError, GaudiConfig, GaudiTrainer
 from optimum_gaudi.devices import hpu as hpu_device
 from optimum_gaudi.features import attention, kernels
 
 BOTH = pytest.mark.parametrize("gaudi_software", GAUDI_SOFTWARE, indirect=True)
-VOCAB, LENGTH = 64, 16
-
-
-def llama(seed: int = 0, attn_implementation: str = "sdpa", dropout: float = 0.0) -> LlamaForCausalLM:
-    """Two layers, grouped-query attention (4 query heads over 2 key/value heads)."""
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=LENGTH,
-        attention_dropout=dropout,
-    )
-    return LlamaForCausalLM._from_config(config, attn_implementation=attn_implementation)
 
 
 def padded_data(rows: int = 16) -> list[dict]:
@@ -56,30 +44,6 @@ def padded_data(rows: int = 16) -> list[dict]:
             }
         )
     return data
-
-
-def full_data(rows: int = 16) -> list[dict]:
-    g = torch.Generator().manual_seed(1)
-    return [{"input_ids": r, "labels": r} for r in torch.randint(1, VOCAB, (rows, LENGTH), generator=g).tolist()]
-
-
-def args(tmp_path, **kwargs) -> GaudiTrainingArguments:
-    defaults = dict(
-        output_dir=str(tmp_path),
-        max_steps=3,
-        logging_steps=1,
-        per_device_train_batch_size=4,
-        report_to=[],
-        save_strategy="no",
-        seed=0,
-    )
-    return GaudiTrainingArguments(**{**defaults, **kwargs})
-
-
-def train_losses(model, training_args, data, gaudi_config=None) -> list[float]:
-    trainer = GaudiTrainer(model=model, args=training_args, train_dataset=data, gaudi_config=gaudi_config)
-    trainer.train()
-    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
 
 # ---- CPU: gaudi_fused_sdpa is transformers' sdpa, call for call -------------------------------------------------

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_llm_kernels import args, full_data, llama, train_losses
+from tiny import llm_args as args
+from tiny import llm_data as full_data
+from tiny import llm_llama as llama
+from tiny import train_losses
 
 from optimum_gaudi import GaudiTrainer
 

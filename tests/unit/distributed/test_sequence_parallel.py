@@ -92,3 +92,69 @@ def test_cuda_under_fsdp_takes_transformers_context_parallel_path(tmp_path, monk
     args.gaudi_device = CPUDevice()  # no sharding rule for its kernels: ours, FSDP over the whole world
     layout = ParallelLayout.from_arguments(args, world_size=8)
     assert (layout.cp_implementation, layout.dp_shard_size, layout.parallelism_config()) == (CP_ALL_TO_ALL, 8, None)
+
+
+# ---- what a split leaves behind (issue 47) -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def one_process_group(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def registered(name: str) -> tuple[bool, bool]:
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return name in ALL_ATTENTION_FUNCTIONS, name in ALL_MASK_ATTENTION_FUNCTIONS
+
+
+def test_a_dropped_runs_split_leaves_no_registry_entry_nor_process_group(one_process_group):
+    """What a trainer holds (the arguments' layout, its split, its model), dropped as the trainer is and
+    collected: the split's attention and mask entries and the layout's sequence group are gone."""
+    import gc
+
+    import torch.distributed as dist
+
+    from optimum_gaudi.distributed.layout import CP_ALL_TO_ALL, ParallelLayout
+
+    layout = ParallelLayout(world_size=1, cp_size=1, cp_implementation=CP_ALL_TO_ALL)
+    split, model = layout.sequence_parallel(), tiny.llama()
+    split.use(model)
+    name, group = split.name, split.group
+    assert registered(name) == (True, True) and dist.get_rank(group) == 0
+    del layout, split, model
+    gc.collect()
+    assert registered(name) == (False, False)
+    with pytest.raises(ValueError, match="not registered"):
+        dist.get_rank(group)
+
+
+def test_a_model_kept_after_its_split_still_runs_it_and_releases_it_when_collected():
+    """The entry is the model's attention: it stays while the model lives (outside a split step it is the local
+    kernel), and goes with the model."""
+    import gc
+
+    import torch
+
+    from optimum_gaudi.distributed.sequence_parallel import SequenceParallel
+
+    model, plain = tiny.llama(), tiny.llama()
+    split = SequenceParallel(2, group=None, data_parallel_size=1, data_parallel_index=0)  # evaluation: no group
+    split.use(model)
+    name = split.name
+    del split
+    gc.collect()
+    ids = torch.arange(1, 17).reshape(1, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, plain(ids).logits, rtol=0, atol=0)
+    assert registered(name) == (True, True)
+    del model
+    gc.collect()
+    assert registered(name) == (False, False)

@@ -81,6 +81,49 @@ def test_every_private_name_of_another_library_the_package_uses_is_listed_with_i
     assert ("_total_loss_scalar", "trainers/checkpointing.py") in foreign
 
 
+# Python's own objects whose function the package replaces: not another library's
+STDLIB_PATCHES = {
+    "excepthook": "sys.excepthook: a user error's one line (errors.py)",
+    "error": "the CLI's own argparse parser's error (errors.py)",
+}
+
+
+def _patches() -> set[tuple[str, str]]:
+    """(public name, file) where the package puts one of its own functions on another object: ``owner.name = f``
+    or ``setattr(owner, "name", f)``, ``f`` a function or lambda of that file, ``owner`` not ``self``."""
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        file, tree = path.relative_to(PACKAGE).as_posix(), ast.parse(path.read_text(encoding="utf-8"))
+        functions = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+        def ours(value: ast.expr, functions=functions) -> bool:
+            return isinstance(value, ast.Lambda) or (isinstance(value, ast.Name) and value.id in functions)
+
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and ours(node.value):
+                targets = [t for t in node.targets if isinstance(t, ast.Attribute)]
+                pairs = [(t.value, t.attr) for t in targets]
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and len(node.args) == 3:
+                named = isinstance(node.args[1], ast.Constant) and ours(node.args[2])
+                pairs = [(node.args[0], node.args[1].value)] if named else []
+            else:
+                continue
+            for owner, name in pairs:
+                if not _private(name) and getattr(owner, "id", None) not in ("self", "cls"):
+                    found.add((name, file))
+    return found
+
+
+def test_every_public_name_the_package_patches_is_listed_with_its_file():
+    """A release that renames a method the package replaces (``accelerator.unwrap_model``) would leave ours
+    uncalled, silently: each such patch is checked as the private names are."""
+    listed = {(entry.name, file) for entry in INTERNALS for file in entry.used_by}
+    patches = _patches()
+    missing = sorted((n, f) for n, f in patches if (n, f) not in listed and n not in STDLIB_PATCHES)
+    assert not missing, f"public names of other libraries patched but not in trainers/internals.py: {missing}"
+    assert {("unwrap_model", "distributed/fast_ddp.py"), ("step", "trainers/nonfinite.py")} <= patches
+
+
 def test_every_listed_internal_is_used_where_it_says():
     for entry in INTERNALS:
         assert entry.kind in internals.KINDS and entry.when in internals.CONDITIONS, entry.label
@@ -128,6 +171,18 @@ def test_a_retyped_internal_fails_the_same_way(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "_foreach_copy_", 3)
     with pytest.raises(InternalsError, match=r"^torch\._foreach_copy_ is a int, no longer callable in torch "):
         _build(args)
+
+
+def test_a_renamed_method_the_package_patches_fails_the_same_way(tmp_path, monkeypatch):
+    from accelerate import Accelerator
+
+    args = _arguments(tmp_path)
+    monkeypatch.delattr(Accelerator, "unwrap_model")
+    with pytest.raises(InternalsError) as err:
+        _build(args)
+    message = str(err.value)
+    assert message.startswith("accelerate.Accelerator.unwrap_model is missing in accelerate ") and "\n" not in message
+    assert "optimum_gaudi/distributed/fast_ddp.py relies on it" in message
 
 
 def test_an_entry_of_a_feature_that_is_off_is_not_checked(tmp_path):
