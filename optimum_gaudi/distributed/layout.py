@@ -40,18 +40,15 @@ CP_TORCH = "torch"  # torch's context parallelism through accelerate's Paralleli
 
 
 def argument_problem(args: Any, world_size: int) -> str | None:
-    """Why ``--context_parallel_size`` cannot run with these arguments, in one line; None when it can."""
+    """Why ``--context_parallel_size`` cannot run with these arguments, in one line; None when it can. The degrees
+    are the layout's own to check (:meth:`ParallelLayout.problems`); the rest is how they meet the other flags."""
     size = args.context_parallel_size
-    if not isinstance(size, int) or size < 1:
-        return f"--context_parallel_size must be >= 1, got {size!r}."
+    degrees = ParallelLayout(world_size=world_size, cp_size=size).problems()
+    if degrees:
+        return degrees[0]
     if size == 1:
         return None
     flag = f"--context_parallel_size {size}"
-    if world_size % size:
-        return (
-            f"{flag} splits each sequence over {size} processes and this run has {world_size}: launch a multiple of "
-            f"{size} (optimum-gaudi launch --world_size {size} ...)."
-        )
     from transformers import Trainer, __version__
 
     if not hasattr(Trainer, "get_cp_size"):  # where the trainer scales the loss and batch size by the split
@@ -82,13 +79,15 @@ def _destroy_groups(groups: dict[str, tuple[Any, Any]]) -> None:
 @dataclass(frozen=True)
 class ParallelLayout:
     """The degrees of one run. ``world_size`` processes; each sequence split over ``cp_size`` of them by
-    ``cp_implementation`` (None: no split); model sharded by FSDP (``fsdp``) or replicated (DDP, ``fast_ddp``)."""
+    ``cp_implementation`` (None: no split); model sharded by FSDP (``fsdp``), left to DeepSpeed's engine
+    (``deepspeed``) or replicated (DDP, ``fast_ddp``)."""
 
     world_size: int = 1
     cp_size: int = 1
     cp_implementation: str | None = None
     fsdp: bool = False
     fast_ddp: bool = False  # one fused gradient all-reduce instead of DDP (several processes only)
+    deepspeed: bool = False  # DeepSpeed's engine holds the model and reduces its gradients (--deepspeed)
     ddp_timeout: float | None = None  # how long a collective of a group made here may wait (--ddp_timeout)
     _groups: dict[str, tuple[Any, Any]] = field(default_factory=dict, compare=False, repr=False)
 
@@ -109,6 +108,7 @@ class ParallelLayout:
             cp_implementation=implementation,
             fsdp=bool(args.fsdp),
             fast_ddp=args.distribution_strategy == "fast_ddp" and world_size > 1,
+            deepspeed=bool(args.deepspeed),
             ddp_timeout=args.ddp_timeout,
         )
 
@@ -140,6 +140,46 @@ class ParallelLayout:
         from accelerate import ParallelismConfig
 
         return ParallelismConfig(dp_shard_size=self.data_parallel_size, cp_size=self.cp_size)
+
+    # ---- its own check and its line in the log -----------------------------------------------------------------
+
+    def problems(self) -> list[str]:
+        """What cannot run in these degrees, one line each; empty when they can. torchtitan's ``ParallelDims``
+        checks its degrees in ``__post_init__``; here the arguments ask (``argument_problem``) and raise the first
+        as their one-line error, before a device or a process group exists."""
+        size = self.cp_size
+        if not isinstance(size, int) or size < 1:
+            return [f"--context_parallel_size must be >= 1, got {size!r}."]
+        if self.world_size % size:
+            return [
+                f"--context_parallel_size {size} splits each sequence over {size} processes and this run has "
+                f"{self.world_size}: launch a multiple of {size} (optimum-gaudi launch --world_size {size} ...)."
+            ]
+        return []
+
+    def describe(self) -> str:
+        """The layout in one line, for the run's log: the processes, how they divide into data- and
+        context-parallel ranks, and what keeps their weights in step."""
+        if self.world_size == 1 and not (self.fsdp or self.deepspeed):
+            return "1 process: no data or context parallelism"
+        processes = (
+            f"{self.world_size} process{'es' if self.world_size > 1 else ''} = {self.data_parallel_size} data-parallel"
+        )
+        if self.cp_size > 1:
+            how = "ours, all-to-all" if self.cp_implementation == CP_ALL_TO_ALL else "torch's ring attention"
+            processes += f" x {self.cp_size} context-parallel ({how})"
+        if self.fsdp:
+            weights = f"FSDP, parameters sharded over {self.dp_shard_size}"
+        elif self.deepspeed:
+            weights = "DeepSpeed's engine"
+        elif self.fast_ddp:
+            weights = f"fast_ddp, one fused gradient all-reduce over {self.dp_replicate_size}"
+        else:
+            weights = f"DDP, gradients averaged over {self.dp_replicate_size}"
+        return f"{processes}; {weights}"
+
+    def __str__(self) -> str:
+        return self.describe()
 
     # ---- the process groups ------------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import UserError
 from .autocast import OpListAutocast
 from .fp8 import (
     Fp8Plan,
@@ -55,8 +56,10 @@ class PrecisionPlan:
         fp8: Fp8Plan | None = None,
         fp8_attention: Callable[[], AttentionBuilder | None] | None = None,
         ranks: Callable[[], tuple[int, int]] = lambda: (0, 1),
+        autocast_text: str | None = None,
     ) -> None:
         self.autocast = autocast
+        self._autocast_text = autocast_text  # what the autocast is, in words, for describe()
         self.fp8 = fp8
         self._fp8_attention = fp8_attention  # asked at each conversion: the device's builder, or None
         self._ranks = ranks  # (this process's rank, the world size), read when a checkpoint is saved or loaded
@@ -66,7 +69,8 @@ class PrecisionPlan:
     def build(cls, args: Any, config: Any, device: Any, autocast_device: Any | None = None) -> PrecisionPlan:
         """From Gaudi training arguments, a GaudiConfig and the device that trains (``autocast_device``: the one
         that autocasts, the host with ``--half_precision_backend cpu_amp``; the training device by default)."""
-        autocast = _select_autocast(args, config, device, device if autocast_device is None else autocast_device)
+        autocast_device = device if autocast_device is None else autocast_device
+        autocast, autocast_text = _select_autocast(args, config, device, autocast_device)
         fp8 = fp8_attention = None
         if args.fp8:
             recipe = parse_fp8_recipe(args.fp8_recipe) if args.fp8_recipe is not None else None
@@ -76,7 +80,18 @@ class PrecisionPlan:
                 def fp8_attention() -> AttentionBuilder | None:
                     return device.fp8_attention_builder(args.flash_attention_recompute)
 
-        return cls(autocast, fp8, fp8_attention, lambda: (args.process_index, args.world_size))
+        return cls(autocast, fp8, fp8_attention, lambda: (args.process_index, args.world_size), autocast_text)
+
+    def describe(self) -> str:
+        """The plan in one line, for the run's log: what autocasts each forward (or accelerate's mixed precision)
+        and what trains in fp8."""
+        autocast = self._autocast_text or (
+            "the trainer's autocast" if self.autocast else "accelerate's mixed precision"
+        )
+        fp8 = "no fp8" if self.fp8 is None else f"fp8 by {self.fp8.name}"
+        if self.fp8 is not None and self._fp8_attention is not None:
+            fp8 += ", fp8 attention"
+        return f"{autocast}; {fp8}"
 
     # ---- accelerate and the forwards --------------------------------------------------------------------------
 
@@ -176,9 +191,9 @@ class PrecisionPlan:
         return without_fp8_state(state_dict)
 
 
-def _select_autocast(args: Any, config: Any, device: Any, autocast_device: Any) -> ContextFactory | None:
+def _select_autocast(args: Any, config: Any, device: Any, autocast_device: Any) -> tuple[ContextFactory | None, str]:
     """bf16 autocast on the Gaudi config's op lists (a list left out is Habana's default list), the same lists on
-    every device.
+    every device; with what it is, in words.
 
     Plain ``--bf16`` without a config that autocasts is left to accelerate, exactly as transformers.Trainer does
     it, except around a training graph whose forward accelerate cannot rebind (see
@@ -187,7 +202,26 @@ def _select_autocast(args: Any, config: Any, device: Any, autocast_device: Any) 
     """
     if config.use_torch_autocast or (args.bf16 and config_uses_op_lists(config)):
         bf16_ops, fp32_ops = resolve_op_lists(config.autocast_bf16_ops, config.autocast_fp32_ops)
-        return autocast_device.autocast_factory(bf16_ops, fp32_ops)
+        text = (
+            f"bf16 autocast on {autocast_device.type} by the op lists ({len(bf16_ops)} bf16, {len(fp32_ops)} fp32 ops)"
+        )
+        return autocast_device.autocast_factory(bf16_ops, fp32_ops), text
     if args.bf16 and args.use_hpu_graphs_for_training and device.training_graph_forward_bound_elsewhere:
-        return autocast_device.autocast_factory()
+        return (
+            autocast_device.autocast_factory(),
+            f"bf16 torch.autocast on {autocast_device.type}, around training graphs",
+        )
+    mixed = "bf16" if args.bf16 else "fp16" if getattr(args, "fp16", False) else None
+    return None, f"{mixed} mixed precision by accelerate" if mixed else "float32, no mixed precision"
+
+
+def argument_problem(args: Any) -> str | None:
+    """The precision flags' own problem, in one line, on every device before one is detected: an ``--fp8_recipe``
+    that does not parse. What fp8 needs of the device is the device's to say (``Device.fp8_problem``)."""
+    if getattr(args, "fp8_recipe", None) is None:
+        return None
+    try:
+        parse_fp8_recipe(args.fp8_recipe)
+    except UserError as e:
+        return str(e)
     return None

@@ -44,7 +44,7 @@ def _warmup_ratio(args: Any, ratio: float) -> None:
 
 
 def _logging_dir(args: Any, path: str) -> None:
-    os.environ["TENSORBOARD_LOGGING_DIR"] = path
+    # the variable itself is set with the run's other process-wide settings (removed_environment)
     _say("logging_dir", f"TENSORBOARD_LOGGING_DIR={path}, the variable transformers 5's TensorBoard callback reads")
 
 
@@ -203,3 +203,11 @@ def apply_removed_arguments(args: Any) -> None:
         value = getattr(args, name, default)
         if value != default:
             handle(args, value)
+
+
+def removed_environment(args: Any) -> dict[str, str]:
+    """The environment variables that removed arguments given here stand for: transformers 5's TensorBoard
+    callback reads --logging_dir's directory from TENSORBOARD_LOGGING_DIR. Set where the run's process is
+    prepared (``GaudiTrainingArgumentsMixin.prepare_process``), not while the arguments parse."""
+    path = getattr(args, "logging_dir", None) if "logging_dir" in _MISSING else None
+    return {"TENSORBOARD_LOGGING_DIR": path} if path else {}

@@ -1,8 +1,10 @@
 """GaudiTrainingArguments: transformers' TrainingArguments plus the Gaudi flags, checked at construction.
 
-Everything that depends on the device is settled here, once: the bridge reads its PT_HPU_* variables when
-first imported, so they are set before detection imports it, and a contradictory combination fails
-before a model is ever loaded.
+``__post_init__`` parses, asks ``configuration_problems`` (one order, every concern's own check) and raises the
+first problem as one line, before a model is ever loaded; what depends on the device is settled here, once. Its
+one process-wide effect is the bridge's: the bridge reads its PT_HPU_* variables when first imported, so they
+are set before detection imports it. The others (dynamo's options, the attention registry, the collective
+backend, ...) are ``prepare_process``'s, applied where the process's device is set up.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib.util
 import logging
 import os
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -23,24 +26,24 @@ from ..devices import CPUDevice, Device, check_torch_release, detect_device
 from ..devices.hpu import bridge_installed, prepare_bridge
 from ..distributed.fsdp import fsdp2_config, read_fsdp_config
 from ..distributed.host_group import honour_timeout
-from ..distributed.layout import ParallelLayout, argument_problem
+from ..distributed.layout import ParallelLayout
 from ..errors import UserError, install_excepthook
 from ..features import attention
-from ..features.compilation import apply_dynamo_options, check_compile_flags, compile_choice_problem
+from ..features.compilation import apply_dynamo_options
 from ..launch.ranks import enable_flight_recorder
-from ..precision.fp8_recipe import parse_fp8_recipe
 from ..precision.op_lists import config_uses_op_lists, resolve_op_lists
-from .nonfinite import ON_NONFINITE
-from .removed_args import RemovedTrainingArguments, apply_removed_arguments
+from .configuration_problems import (
+    DEFAULT_MAX_HPU_GRAPHS,
+    DISTRIBUTION_STRATEGIES,
+    FAST_DDP_DTYPES,
+    HALF_PRECISION_BACKENDS,
+    configuration_problems,
+    say_what_is_ignored,
+)
+from .removed_args import RemovedTrainingArguments, apply_removed_arguments, removed_environment
 from .use_cache import UseCacheOffTheCommandLine
 
 logger = logging.getLogger(__name__)
-
-DISTRIBUTION_STRATEGIES = ("ddp", "fast_ddp")
-HALF_PRECISION_BACKENDS = ("auto", "hpu_amp", "cpu_amp")
-FAST_DDP_DTYPES = ("auto", "float32", "bfloat16")
-DEFAULT_MAX_HPU_GRAPHS = 10  # ModuleCacher's default in the bridge (hpu/graphs.py)
-
 
 # Every script builds these arguments: one that has no handler of ours (optimum-habana's, unchanged) then ends on a
 # user error's one line, as the project's own examples end, not on a traceback ending in it.
@@ -48,18 +51,6 @@ install_excepthook()
 
 # The FSDP version transformers runs when --fsdp_config names none: FSDP2 from transformers 5, FSDP1 before.
 _FSDP_DEFAULT_VERSION = 2 if int(transformers.__version__.split(".")[0]) >= 5 else 1
-
-
-def _fsdp_problem() -> str | None:
-    """--fsdp here is transformers 5's (FSDP2, its plugin arguments, sharded checkpoints, the streamed final save).
-    On 4.57 accelerate's FSDP plugin stops a CPU run inside the Trainer ("There are currently no available devices
-    found": sync_module_states wants an accelerator) and the final save needs 5.x's helpers: one line first."""
-    if int(transformers.__version__.split(".")[0]) >= 5:
-        return None
-    return (
-        f"--fsdp needs transformers 5 here (this is {transformers.__version__}): pip install -U 'transformers>=5', "
-        "or train without --fsdp (DDP, or --deepspeed)."
-    )
 
 
 class GaudiArgumentError(UserError, ValueError):
@@ -323,6 +314,10 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
     )
 
     def __post_init__(self) -> None:
+        """Parse the flags, check them (``configuration_problems``, the first problem raised as one line) and settle
+        what depends on the device. The one process-wide effect left here is the bridge's: its environment, then
+        detection, which loads it (the device's checks need the device, and the bridge reads its variables when it
+        loads). The rest is ``prepare_process``'s, applied where the process's device is set up."""
         check_torch_release()
         apply_removed_arguments(self)  # transformers 4's arguments on optimum-habana command lines, first
         if self.log_throughput_and_memory is None:  # a metrics feature asked for, or a Gaudi run (as optimum-habana)
@@ -342,29 +337,34 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
                 stacklevel=2,
             )
             self.use_hpu_graphs_for_inference = True
-        self._validate_gaudi_flags()
-        apply_dynamo_options(self)
-        attention.prepare(self)  # before the script loads its model with attn_implementation=...
-        _check_standard_flags(self)
+        world_size = _launched_world_size()  # read once: the layout keeps it (self.parallel_layout.world_size)
+        _raise_first(configuration_problems(self, world_size))  # the flags alone, before the bridge loads
+        say_what_is_ignored(self)
         self.gaudi_config = GaudiConfig.from_pretrained(self.gaudi_config_name) if self.gaudi_config_name else None
-        self._set_bridge_environment()
+        self._set_bridge_environment()  # before detection loads the bridge
         self.gaudi_device: Device = detect_device(use_habana=self.use_habana, use_cpu=self.use_cpu)
-        problem = self.gaudi_device.argument_problem(self)
-        if problem is None and self.fp8:
-            problem = self.gaudi_device.fp8_problem(compiling=bool(self.torch_compile))
-        if problem is not None:
-            raise GaudiArgumentError(problem)
+        if self.fsdp:  # optimum-habana's fsdp_config.json (FSDP1's keys) as FSDP2 settings transformers reads
+            self.fsdp_config = fsdp2_config(read_fsdp_config(self.fsdp_config), _FSDP_DEFAULT_VERSION)
+        _raise_first(configuration_problems(self, world_size, self.gaudi_device))  # now the device's too
+        self._settle_on_the_device(world_size)
+        super().__post_init__()  # transformers' own checks; it sets the device up (_setup_devices: prepare_process)
+        self._check_deepspeed_config()
+        self._sharded_checkpoints()
+        if self.non_blocking_data_copy:
+            self.accelerator_config.non_blocking = True
+
+    def _settle_on_the_device(self, world_size: int) -> None:
+        """What the device decides for the arguments, before transformers reads them: where autocast runs, the
+        CPU as transformers' --use_cpu, the collective backend, the layout and its context parallelism, the
+        compile backend."""
         # cpu_amp: autocast on the host even when the model trains on an accelerator
         self.autocast_device: Device = CPUDevice() if self.half_precision_backend == "cpu_amp" else self.gaudi_device
         if self.gaudi_device.on_host:
             self.use_cpu = True  # lets transformers accept --bf16 on CPU instead of demanding a GPU
-        if _launched_world_size() > 1:  # launched on several processes
+        if world_size > 1:  # launched on several processes
             self.ddp_backend = self.ddp_backend or self.gaudi_device.ddp_backend
-            self.gaudi_device.register_ddp_backend()
-            if self.hang_timeout != 0:
-                enable_flight_recorder()  # the watchdog's report names the collective each rank waits in
         # every degree of the run, and the one choice of context parallelism (distributed/layout.py)
-        self.parallel_layout = ParallelLayout.from_arguments(self, _launched_world_size(mpi=True))
+        self.parallel_layout = ParallelLayout.from_arguments(self, world_size)
         config = self.parallel_layout.parallelism_config()  # torch's context parallelism, as accelerate runs it
         if config is not None and getattr(self, "parallelism_config", None) is None:  # a user's own is kept
             self.parallelism_config = config
@@ -377,24 +377,27 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
                 self.gaudi_device.compile_backend,
             )
             self.torch_compile_backend = self.gaudi_device.compile_backend
-        if self.fsdp:  # optimum-habana's fsdp_config.json (FSDP1's keys) as FSDP2 settings transformers reads
-            problem = _fsdp_problem()
-            if problem is not None:
-                raise GaudiArgumentError(problem)
-            self.fsdp_config = fsdp2_config(read_fsdp_config(self.fsdp_config), _FSDP_DEFAULT_VERSION)
-            problem = self.gaudi_device.fsdp_problem()  # after the settings' own checks: they hold on any torch
-            if problem is not None:
-                raise GaudiArgumentError(problem)
-        super().__post_init__()
-        self._check_deepspeed_config()
-        self._sharded_checkpoints()
-        if self.non_blocking_data_copy:
-            self.accelerator_config.non_blocking = True
+
+    def prepare_process(self) -> None:
+        """This run's process-wide settings, each safe to apply again: dynamo's options; the gaudi_fused_sdpa name
+        registered and torch's math-SDPA switch (before a script loads its model); TensorBoard's variable for
+        transformers 4's --logging_dir; on several processes the device's collective backend and torch's flight
+        recorder (before the default process group starts). Called by ``_setup_devices``, the device setup that
+        transformers' own ``__post_init__`` asks for and the trainer reads: arguments built alone still apply
+        them, and only once their checks have passed."""
+        apply_dynamo_options(self)
+        attention.prepare(self)
+        os.environ.update(removed_environment(self))
+        if self.parallel_layout.world_size > 1:
+            self.gaudi_device.register_ddp_backend()
+            if self.hang_timeout != 0:
+                enable_flight_recorder()  # the watchdog's report names the collective each rank waits in
 
     @functools.cached_property
     def _setup_devices(self) -> torch.device:
-        """transformers' device setup (which makes the default process group), then --ddp_timeout given to that
-        group where transformers left it out (on the CPU)."""
+        """transformers' device setup (which makes the default process group) after this run's process-wide
+        settings, then --ddp_timeout given to that group where transformers left it out (on the CPU)."""
+        self.prepare_process()
         device = super()._setup_devices
         honour_timeout(self.ddp_timeout)
         return device
@@ -413,150 +416,6 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
         return getattr(torch, name)
 
     # ---- checks -------------------------------------------------------------------------------------
-
-    def _validate_gaudi_flags(self) -> None:
-        def fail(message: str) -> None:
-            raise GaudiArgumentError(message)
-
-        if self.distribution_strategy not in DISTRIBUTION_STRATEGIES:
-            fail(
-                f"--distribution_strategy must be one of {', '.join(DISTRIBUTION_STRATEGIES)}, got '{self.distribution_strategy}'."
-            )
-        if self.fast_ddp_dtype not in FAST_DDP_DTYPES:
-            fail(f"--fast_ddp_dtype must be one of {', '.join(FAST_DDP_DTYPES)}, got '{self.fast_ddp_dtype}'.")
-        if self.half_precision_backend not in HALF_PRECISION_BACKENDS:
-            fail(
-                f"--half_precision_backend must be one of {', '.join(HALF_PRECISION_BACKENDS)}, got '{self.half_precision_backend}'."
-            )
-        for name in (
-            "throughput_warmup_steps",
-            "profiling_warmup_steps",
-            "profiling_steps",
-            "profiling_warmup_steps_eval",
-            "profiling_steps_eval",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                fail(f"--{name} must be a whole number >= 0, got {value!r}.")
-        self._check_stall_flags(fail)
-        if not isinstance(self.max_hpu_graphs, int) or self.max_hpu_graphs < 1:
-            fail(f"--max_hpu_graphs must be >= 1 (default {DEFAULT_MAX_HPU_GRAPHS}), got {self.max_hpu_graphs!r}.")
-        if self.distribution_strategy == "fast_ddp" and (self.deepspeed or self.fsdp):
-            engine = "--deepspeed" if self.deepspeed else "--fsdp"
-            fail(
-                f"--distribution_strategy fast_ddp replaces DDP and cannot be combined with {engine}; use the default 'ddp' strategy with {engine}."
-            )
-        if self.fsdp and (self.use_hpu_graphs_for_training or self.use_hpu_graphs_for_inference):
-            graphs = (
-                "--use_hpu_graphs_for_training"
-                if self.use_hpu_graphs_for_training
-                else "--use_hpu_graphs_for_inference"
-            )
-            fail(
-                f"{graphs} cannot be combined with --fsdp: FSDP gathers each layer's parameters into fresh memory at "
-                "every forward, which a replayed graph would not see; drop one (with FSDP, --torch_compile instead)."
-            )
-        if self.fsdp and self.use_lazy_mode:
-            fail(
-                "--use_lazy_mode cannot be combined with --fsdp: FSDP frees and regrows each gathered parameter's "
-                "memory at every step, which a Gaudi's lazy kernels abort on (set_); train FSDP in eager mode (drop "
-                "--use_lazy_mode, or pass --use_lazy_mode False; --torch_compile to compile)."
-            )
-        if self.deepspeed and importlib.util.find_spec("deepspeed") is None:
-            fail("--deepspeed needs DeepSpeed: pip install deepspeed (on a Gaudi, Habana's DeepSpeed fork).")
-        if isinstance(self.deepspeed, str) and not self.deepspeed.lstrip().startswith("{"):
-            if not os.path.isfile(self.deepspeed):
-                fail(f"--deepspeed {self.deepspeed}: no such file; pass a DeepSpeed JSON config.")
-        if self.pipelining_fwd_bwd and not self.use_lazy_mode:
-            fail(
-                "--pipelining_fwd_bwd adds a mark_step in lazy mode only; add --use_lazy_mode or drop --pipelining_fwd_bwd."
-            )
-        compiling = self._compile_flags()
-        if self.torch_compile and (self.use_hpu_graphs_for_training or self.use_hpu_graphs_for_inference):
-            fail(f"{compiling} cannot be combined with HPU Graphs; choose compilation or --use_hpu_graphs_for_*.")
-        if self.torch_compile and self.use_lazy_mode:
-            fail(f"{compiling} needs eager mode; drop --use_lazy_mode when compiling.")
-        if self.cache_size_limit is not None and self.cache_size_limit < 1:
-            fail(f"--cache_size_limit must be >= 1 (or unset for torch's default), got {self.cache_size_limit}.")
-        problem = compile_choice_problem(self.torch_compile_backend, self.torch_compile_mode)
-        if problem is not None:
-            fail(problem)
-        problem = attention.argument_problem(self)
-        if problem is not None:
-            fail(problem)
-        if self.minimize_memory and not self.fp8:
-            logger.warning("--minimize_memory only acts with --fp8; it is ignored.")
-        if self.fp8_recipe is not None:
-            try:
-                parse_fp8_recipe(self.fp8_recipe)  # a mistake is one line on every device
-            except UserError as e:
-                fail(str(e))
-            if not self.fp8:
-                logger.warning("--fp8_recipe only acts with --fp8; it is ignored.")
-        check_compile_flags(self)
-        self._check_optimum_habana_flags()
-        if self.half_precision_backend != "auto" and not self.bf16:
-            logger.warning(
-                "--half_precision_backend %s has no effect without --bf16 or a Gaudi config with use_torch_autocast.",
-                self.half_precision_backend,
-            )
-        graphs = self.use_hpu_graphs_for_training or self.use_hpu_graphs_for_inference
-        if self.max_hpu_graphs != DEFAULT_MAX_HPU_GRAPHS and not graphs:
-            logger.warning("--max_hpu_graphs is ignored without --use_hpu_graphs_for_training/inference.")
-        if self.disable_tensor_cache_hpu_graphs and not self.use_hpu_graphs_for_inference:
-            logger.warning("--disable_tensor_cache_hpu_graphs is ignored without --use_hpu_graphs_for_inference.")
-        for flag in ("profiling_record_shapes", "profiling_with_stack"):
-            if getattr(self, flag) and self.profiling_steps == 0 and self.profiling_steps_eval == 0:
-                logger.warning("--%s is ignored while --profiling_steps and --profiling_steps_eval are 0.", flag)
-        if self.profiling_warmup_steps_eval and not self.profiling_steps_eval:
-            logger.warning("--profiling_warmup_steps_eval is ignored while --profiling_steps_eval is 0.")
-
-    def _check_stall_flags(self, fail) -> None:
-        if self.hang_timeout is not None and not self.hang_timeout >= 0:
-            fail(f"--hang_timeout must be >= 0 seconds (0 turns the watchdog off), got {self.hang_timeout}.")
-        if not self.hang_long_timeout > 0:
-            fail(f"--hang_long_timeout must be > 0 seconds, got {self.hang_long_timeout}.")
-        if self.on_nonfinite not in ON_NONFINITE:
-            fail(f"--on_nonfinite must be one of {', '.join(ON_NONFINITE)}, got '{self.on_nonfinite}'.")
-        if self.on_nonfinite == "skip" and self.deepspeed:
-            fail(
-                "--on_nonfinite skip cannot be combined with --deepspeed: DeepSpeed's engine steps the optimizer "
-                "itself; use --on_nonfinite stop."
-            )
-        for name in ("max_nonfinite_skips", "loss_spike_window"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                fail(f"--{name} must be a whole number >= 1, got {value!r}.")
-        for name in ("loss_spike_factor", "straggler_threshold"):
-            if not getattr(self, name) >= 0:
-                fail(f"--{name} must be >= 0 (0: off), got {getattr(self, name)}.")
-        if self.loss_spike_factor and self.on_nonfinite == "ignore":
-            fail(
-                "--loss_spike_factor handles a spike as --on_nonfinite says, and 'ignore' does nothing: use stop or skip."
-            )
-        if 0 < self.loss_spike_factor <= 1:
-            fail(f"--loss_spike_factor {self.loss_spike_factor} would catch ordinary steps: give a factor > 1, or 0.")
-
-    def _check_optimum_habana_flags(self) -> None:
-        """optimum-habana's fields that cannot act here: an error when the run could not be what was asked, one
-        line when it can (never a flag silently dropped)."""
-        problem = argument_problem(self, _launched_world_size())  # --context_parallel_size (distributed/layout.py)
-        if problem is not None:
-            raise GaudiArgumentError(problem)
-        if self.use_compiled_autograd and not self.torch_compile:
-            raise GaudiArgumentError(
-                "--use_compiled_autograd compiles the backward of a compiled model; add --torch_compile or drop it."
-            )
-        if self.ignore_eos:
-            logger.warning(
-                "--ignore_eos does nothing here: generation is transformers' and stops at EOS (optimum-habana's "
-                "Seq2Seq evaluation generated past it for static shapes; a Gaudi gets them from a static cache)."
-            )
-        if self.use_zero3_leaf_promotion:
-            logger.warning(
-                "--use_zero3_leaf_promotion is not applied by the trainer (in optimum-habana its scripts do it): with "
-                "DeepSpeed ZeRO-3 call optimum_gaudi.distributed.apply_zero3_leaf_promotion(model) before the trainer."
-            )
 
     def _sharded_checkpoints(self) -> None:
         """Under --fsdp each rank writes its shards of a checkpoint (SHARDED_STATE_DICT, resharded on load) unless
@@ -609,12 +468,6 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             )
         zero["memory_efficient_linear"] = False
 
-    def _compile_flags(self) -> str:
-        """The flags that turn compilation on, as the user wrote them."""
-        given = [f"--{name} {getattr(self, name)}" for name in ("torch_compile_mode", "torch_compile_backend")]
-        given = [flag for flag in given if not flag.endswith(" None")]
-        return f"{' '.join(given)} (which turns on --torch_compile)" if given else "--torch_compile"
-
     def _set_bridge_environment(self) -> None:
         """Lazy mode, the autocast op lists and dynamic shapes reach the bridge: set before it loads, or checked
         against the loaded bridge's own answer (Gaudi software 1.21+ loads it during `import torch`)."""
@@ -644,23 +497,19 @@ _REPORT_TO_PACKAGES = {
 }
 
 
-# (flag, lowest valid value, first invalid value above it or None): transformers passes these to torch unchecked.
-_NUMERIC_RANGES = (
-    ("learning_rate", 0, None),
-    ("weight_decay", 0, None),
-    ("adam_beta1", 0, 1),
-    ("adam_beta2", 0, 1),
-    ("adam_epsilon", 0, None),
-    ("dataloader_num_workers", 0, None),
-)
+def _launched_world_size() -> int:
+    """The number of processes the launcher (torchrun, ours, mpirun) started: 1 without one. Read once, when the
+    arguments are built (the layout keeps it). Under mpirun also its own variable, which the bridge's hccl module
+    copies to WORLD_SIZE when it loads, as accelerate reads it on the CPU: the world is the one the run's process
+    group will have."""
+    return int(os.environ.get("WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
 
 
-def _launched_world_size(mpi: bool = False) -> int:
-    """The number of processes the launcher (torchrun, ours, mpirun through the bridge) started: 1 without one.
-    ``mpi``: also mpirun's own variable, which the bridge's hccl module copies to WORLD_SIZE when it loads (the
-    layout's world is the one the trainer's process group will have)."""
-    fallback = os.environ.get("OMPI_COMM_WORLD_SIZE", "1") if mpi else "1"
-    return int(os.environ.get("WORLD_SIZE", fallback))
+def _raise_first(problems: Iterator[str]) -> None:
+    """The first of the configuration's problems, as the arguments' one-line error."""
+    problem = next(iter(problems), None)
+    if problem is not None:
+        raise GaudiArgumentError(problem)
 
 
 def _paged_adamw_without_bitsandbytes(args: TrainingArguments) -> None:
@@ -675,21 +524,6 @@ def _paged_adamw_without_bitsandbytes(args: TrainingArguments) -> None:
         "--optim paged_adamw_32bit needs bitsandbytes, which is not installed: training with adamw_torch, the same "
         "AdamW update without paging its state to host memory."
     )
-
-
-def _check_standard_flags(args: TrainingArguments) -> None:
-    """transformers' own flags that it rejects late (a traceback from inside the data loader or a callback)."""
-    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
-        value = getattr(args, name)
-        if not isinstance(value, int) or value < 1:
-            raise GaudiArgumentError(f"--{name} must be a whole number >= 1, got {value!r}.")
-    for name, low, high in _NUMERIC_RANGES:
-        value = getattr(args, name)
-        if value is not None and not (low <= value and (high is None or value < high)):
-            bounds = f">= {low}" if high is None else f"in [{low}, {high})"
-            raise GaudiArgumentError(f"--{name} must be {bounds}, got {value}.")
-    if args.do_train and args.max_steps <= 0 and args.num_train_epochs <= 0:
-        raise GaudiArgumentError("nothing to train: give --max_steps > 0 or --num_train_epochs > 0.")
 
 
 def check_report_to(args: TrainingArguments) -> None:

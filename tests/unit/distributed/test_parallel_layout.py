@@ -82,3 +82,30 @@ def test_host_groups_wait_the_runs_timeout_not_what_an_hccl_default_group_holds(
             assert made == timedelta(seconds=expected), backend
         finally:
             dist.destroy_process_group()
+
+
+def test_the_layout_checks_its_own_degrees():
+    """As torchtitan's ParallelDims: a split that is not a whole number of ranks, or that does not divide the world,
+    is a problem of the layout itself (the arguments raise the first, before any device or process group)."""
+    assert ParallelLayout(world_size=8, cp_size=2).problems() == []
+    assert ParallelLayout(world_size=1, cp_size=0).problems() == ["--context_parallel_size must be >= 1, got 0."]
+    (indivisible,) = ParallelLayout(world_size=6, cp_size=4).problems()
+    assert indivisible.startswith("--context_parallel_size 4 splits each sequence over 4 processes and this run has 6")
+
+
+def test_the_layout_describes_itself_in_one_line(tmp_path):
+    assert str(ParallelLayout()) == ParallelLayout().describe() == "1 process: no data or context parallelism"
+    assert ParallelLayout(world_size=8).describe() == "8 processes = 8 data-parallel; DDP, gradients averaged over 8"
+    fast = ParallelLayout.from_arguments(arguments(tmp_path, distribution_strategy="fast_ddp"), world_size=2)
+    assert fast.describe() == "2 processes = 2 data-parallel; fast_ddp, one fused gradient all-reduce over 2"
+    split = ParallelLayout.from_arguments(arguments(tmp_path, context_parallel_size=2), world_size=8)
+    assert split.describe() == (
+        "8 processes = 4 data-parallel x 2 context-parallel (ours, all-to-all); DDP, gradients averaged over 8"
+    )
+    fsdp = dict(fsdp="full_shard", context_parallel_size=4, gaudi_device=CUDADevice())
+    ring = ParallelLayout.from_arguments(arguments(tmp_path, **fsdp), world_size=8)
+    assert ring.describe() == (
+        "8 processes = 2 data-parallel x 4 context-parallel (torch's ring attention); FSDP, parameters sharded over 2"
+    )
+    engine = ParallelLayout.from_arguments(arguments(tmp_path, deepspeed={"zero_optimization": {}}), world_size=4)
+    assert engine.describe() == "4 processes = 4 data-parallel; DeepSpeed's engine"

@@ -126,3 +126,31 @@ def test_without_fp8_nothing_is_saved_beside_the_weights(tmp_path):
     plan.save_scaling_state(torch.nn.Sequential(Scaled(1.0)), str(tmp_path))
     plan.resume_scaling_from(str(tmp_path), torch.nn.Sequential(Scaled(1.0)))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_plan_describes_itself_in_one_line_for_the_runs_log():
+    """What autocasts each forward (or accelerate's mixed precision) and what trains in fp8: the line the trainer
+    logs at start."""
+    cpu = CPUDevice()
+    assert PrecisionPlan.build(arguments(), GaudiConfig(), cpu).describe() == "float32, no mixed precision; no fp8"
+    assert PrecisionPlan.build(arguments(fp16=True), GaudiConfig(), cpu).describe() == (
+        "fp16 mixed precision by accelerate; no fp8"
+    )
+    lists = GaudiConfig(use_torch_autocast=True, autocast_bf16_ops=["mm", "bmm"], autocast_fp32_ops=["softmax"])
+    assert PrecisionPlan.build(arguments(bf16=True), lists, cpu).describe() == (
+        "bf16 autocast on cpu by the op lists (2 bf16, 1 fp32 ops); no fp8"
+    )
+    fp8 = PrecisionPlan.build(
+        arguments(bf16=True, fp8=True, flash_attention_fp8=True), GaudiConfig(), FakeFp8Device([])
+    )
+    assert fp8.describe() == "bf16 mixed precision by accelerate; fp8 by fake fp8, fp8 attention"
+    assert "\n" not in fp8.describe()
+    assert PrecisionPlan().describe() == "accelerate's mixed precision; no fp8"  # built by hand: what it knows
+
+
+def test_the_precision_flags_check_themselves_before_any_device():
+    from optimum_gaudi.precision.plan import argument_problem
+
+    assert argument_problem(arguments()) is None
+    assert argument_problem(arguments(fp8_recipe='{"interval": 4}')) is None
+    assert argument_problem(arguments(fp8_recipe='{"nope": 1}')).startswith("--fp8_recipe: unknown key(s) nope")
