@@ -201,6 +201,8 @@ class GaudiTrainerMixin(TrainerShims):
             table = feature_table(self.gaudi_device, args, self.gaudi_config)
             flags = ", ".join(f"{k}={v}" for k, v in args.gaudi_flags().items())
             logger.warning("Gaudi features on this run:\n%s\nGaudi arguments: %s", table, flags)
+            logger.warning("Parallel layout: %s", self._layout.describe())
+            logger.warning("Precision: %s", self._precision.describe())
             if self.is_deepspeed_enabled:
                 self._say_what_deepspeed_replaces()
 

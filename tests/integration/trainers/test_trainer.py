@@ -111,6 +111,9 @@ def test_the_run_log_records_the_feature_table_and_every_gaudi_flag(tiny_gpt2, t
     assert re.search(r"^use_lazy_mode +on ", record, re.M)  # whatever the width of the longest feature name
     for flag, value in args.gaudi_flags().items():
         assert f"{flag}={value}" in record
+    said = [r.getMessage() for r in caplog.records]  # the run's layout and precision, one line each
+    assert "Parallel layout: 1 process: no data or context parallelism" in said
+    assert "Precision: float32, no mixed precision; no fp8" in said
 
 
 def test_fused_clip_follows_a_replaced_model(tiny_gpt2, tmp_path):
