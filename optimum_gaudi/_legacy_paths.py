@@ -49,8 +49,8 @@ MOVED = {
     "optimum_gaudi.devices.autocast": "optimum_gaudi.precision.autocast",
     "optimum_gaudi.features.fp8": "optimum_gaudi.precision.fp8",
     "optimum_gaudi.features.op_list_check": "optimum_gaudi.precision.op_list_check",
-    # 0.2: model preparation's pipeline left features/ (optimum_gaudi.preparation); the seams stayed, in seam.py
-    "optimum_gaudi.features.preparation": "optimum_gaudi.features.seam",
+    # 0.2: model preparation left features/: its pipeline for optimum_gaudi.preparation, its seams for optimum_gaudi.seam
+    "optimum_gaudi.features.preparation": "optimum_gaudi.seam",
 }
 PUBLIC = {
     "optimum_gaudi.trl": "optimum_gaudi.trainers.trl",

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import UserError
+from ..seam import Seam
 
 # Each SequenceParallel registers its attention under this name and its own id: the local kernel behind it and
 # the step being split are that trainer's, never another's of the same process. The entry stays while a model
@@ -186,22 +187,19 @@ class SequenceParallel:
         (an earlier trainer's) keeps the kernel that one wrapped."""
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
         base = getattr(model, "get_base_model", lambda: model)()  # a PEFT model's transformers model
-        current = getattr(base.config, "_attn_implementation", None) or "eager"
-        if current == self.name:
+        seam = Seam.of(base, "attn_implementation")
+        if "sequence_parallel" in seam and seam.value("sequence_parallel") == self.name:
             return
         problem = model_problem(base, self.size)
         if problem is not None:
             raise UserError(problem)
-        if current.startswith(ATTENTION_NAME):
-            current = ALL_ATTENTION_FUNCTIONS[current].__self__.base
-        self.base = current
+        seam.remove("sequence_parallel")  # an earlier trainer's split: this one goes around what that one wrapped
         AttentionInterface.register(self.name, self.attention)
         AttentionMaskInterface.register(self.name, self.mask_function)
         try:
-            base.set_attn_implementation(self.name)
+            seam.put("sequence_parallel", self._around)
         except BaseException:
             if not self._models:
                 release(self.name)
@@ -211,6 +209,11 @@ class SequenceParallel:
         # is collected, or later where the user keeps the model (which still runs the entry).
         self._models += 1
         weakref.finalize(base, self._model_gone).atexit = False
+
+    def _around(self, current: str | None) -> str:
+        """This split's name, around the implementation the model runs (laid again over a new one)."""
+        self.base = current or "eager"
+        return self.name
 
     def _model_gone(self) -> None:
         self._models -= 1

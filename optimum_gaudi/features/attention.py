@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from ..seam import Seam
+
 ATTENTION_NAME = "gaudi_fused_sdpa"
 
 # (query, key, value, mask or None, dropout_p, is_causal, scale, the attention layer) -> [batch, heads, q_len, head_dim]
@@ -110,8 +112,12 @@ def use(model: torch.nn.Module, args: Any, device: Any) -> None:
         options = FusedAttentionOptions.from_args(args)
         bind(model, device.attention_kernel(options), options)
     base = getattr(model, "get_base_model", lambda: model)()
-    if getattr(base.config, "_attn_implementation", None) != args.attn_implementation:
-        base.set_attn_implementation(args.attn_implementation)
+    seam = Seam.of(base, "attn_implementation")
+    if "requested" in seam:
+        if seam.value("requested") == args.attn_implementation:
+            return
+        seam.undo()  # another trainer's request on this model; a split is laid again over this one, next stage
+    seam.put("requested", lambda current: args.attn_implementation)
 
 
 def fused_sdpa_attention(

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .seam import Seam, undo_attribute, undo_hook
+from ..seam import Seam, undo_attribute, undo_hook
 
 logger = logging.getLogger(__name__)
 

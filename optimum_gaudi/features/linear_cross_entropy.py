@@ -33,7 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import UserError
-from .seam import Seam, undo_attribute, undo_hook
+from ..seam import Seam, undo_attribute, undo_hook
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .seam import Seam
+from ..seam import Seam
 
 logger = logging.getLogger(__name__)
 

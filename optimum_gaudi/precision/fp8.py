@@ -17,6 +17,7 @@ optimum-habana's unless the user gives one (``--fp8_recipe``, precision/fp8_reci
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from ..seam import Seam
 
 logger = logging.getLogger(__name__)
 
@@ -84,18 +87,17 @@ def recompute_in_fp8(model: nn.Module, plan: Fp8Plan) -> int:
         return 0  # torchao: the recomputation is the same fp8 computation, with nothing to enter
     wrapped = 0
     for module in model.modules():
-        checkpoint = getattr(module, "_gradient_checkpointing_func", None)
-        if checkpoint is None or getattr(checkpoint, "_gaudi_fp8", False):
+        if getattr(module, "_gradient_checkpointing_func", None) is None:
             continue
-        module._gradient_checkpointing_func = _InFp8(checkpoint, plan)
-        wrapped += 1
+        seam = Seam.of(module, "_gradient_checkpointing_func")
+        if "fp8" not in seam:  # not yet, or gradient checkpointing enabled again since
+            seam.put("fp8", functools.partial(_InFp8, plan=plan))
+            wrapped += 1
     return wrapped
 
 
 class _InFp8:
     """``checkpoint(function, *args)`` with ``function`` run in the fp8 context, forward and recomputation."""
-
-    _gaudi_fp8 = True
 
     def __init__(self, checkpoint: Callable, plan: Fp8Plan) -> None:
         self.checkpoint, self.plan = checkpoint, plan

@@ -19,7 +19,7 @@ from ..distributed.fast_ddp import FastDDPModel, FusedGradientAllReduce, broadca
 from ..features import attention, kernels
 from ..features import linear_cross_entropy as fused_loss
 from ..features.compilation import compile_regions, pin_loss_function
-from ..features.seam import Seam, undo_attribute
+from ..seam import Seam, undo_attribute
 
 logger = logging.getLogger(__name__)
 

@@ -21,18 +21,19 @@ PACKAGE = REPO / "optimum_gaudi"
 ALLOWED = {
     "errors": set(),
     "_legacy_paths": set(),
-    "precision": {"errors", "_legacy_paths"},
+    "seam": set(),  # the one writer of what model preparation changes on a model: any layer's code may write there
+    "precision": {"errors", "_legacy_paths", "seam"},
     "configuration": {"errors", "_legacy_paths", "precision"},
     "data": {"errors", "_legacy_paths"},
     "checkpoints": {"errors"},
     "planning": {"errors"},  # arithmetic only: no torch, no trainer code
     "devices": {"errors", "precision", "configuration"},
     "launch": {"errors", "precision", "configuration"},  # and no torch: test_the_launcher_loads_without_torch
-    "features": {"errors", "precision", "configuration", "devices"},
+    "features": {"errors", "seam", "precision", "configuration", "devices"},
     # launch: what the launcher tells its ranks (launch/ranks.py), read by the watchdog
-    "distributed": {"errors", "precision", "configuration", "devices", "launch"},
+    "distributed": {"errors", "seam", "precision", "configuration", "devices", "launch"},
     # model preparation's stages, in order: above the features and the parallelism they apply
-    "preparation": {"errors", "precision", "configuration", "devices", "features", "distributed"},
+    "preparation": {"errors", "seam", "precision", "configuration", "devices", "features", "distributed"},
     "trainers": {
         "errors",
         "precision",
@@ -41,6 +42,7 @@ ALLOWED = {
         "features",
         "distributed",
         "preparation",
+        "seam",
         "checkpoints",
         "launch",
         "planning",

@@ -8,8 +8,8 @@ import torch
 from tiny import llama
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
-from optimum_gaudi.features.seam import Seam, undo
 from optimum_gaudi.preparation import pipeline
+from optimum_gaudi.seam import Seam, undo
 
 
 def trainer(tmp_path, **flags) -> GaudiTrainer:

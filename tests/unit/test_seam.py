@@ -1,11 +1,13 @@
-"""Model preparation's seams (features/seam.py): each stage's contribution to a model's ``forward`` or
-``loss_function`` goes through one writer, lands in the written order, and comes back off in one call
-(issue 39, item 3)."""
+"""Model preparation's seams (seam.py): each stage's contribution to a model's ``forward``, ``loss_function``,
+attention implementation or checkpointing function goes through one writer, lands in the written order, and comes
+back off in one call (issue 39, item 3; issue 47, item 1)."""
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,10 +16,11 @@ from tiny import llama
 from transformers.loss.loss_utils import ForCausalLMLoss
 
 from optimum_gaudi.errors import UserError
-from optimum_gaudi.features import kernels
+from optimum_gaudi.features import attention, kernels
 from optimum_gaudi.features import linear_cross_entropy as fused_loss
 from optimum_gaudi.features.compilation import CompileOptions, compile_regions, pin_loss_function
-from optimum_gaudi.features.seam import LAYERS, OrderError, Seam, undo
+from optimum_gaudi.precision.fp8 import Fp8Plan, _InFp8, recompute_in_fp8
+from optimum_gaudi.seam import LAYERS, OrderError, Seam, undo
 
 EAGER = CompileOptions(backend="eager", regional=True)
 
@@ -152,13 +155,16 @@ def test_a_prepared_copy_is_prepared_on_its_own():
 
 
 def _writes_to_a_seam(tree: ast.AST) -> list[int]:
-    """Lines assigning an attribute named like a seam (``x.forward = ...``, ``setattr(x, "forward", ...)``)."""
+    """Lines assigning an attribute named like a seam (``x.forward = ...``, ``setattr(x, "forward", ...)``) or setting
+    a model's attention implementation."""
     names = set(LAYERS) | {"_loss_function"}
     lines = []
     for node in ast.walk(tree):
         targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
             lines += [t.lineno for t in targets if isinstance(t, ast.Attribute) and t.attr in names]
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "set_attn_implementation":
+            lines.append(node.lineno)  # the attention implementation's writer (transformers' own)
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and len(node.args) > 1:
             name = node.args[1]
             if isinstance(name, ast.Constant) and name.value in names:
@@ -171,13 +177,57 @@ def _writes_to_a_seam(tree: ast.AST) -> list[int]:
 ADOPTED = {"devices/hpu.py", "devices/cuda.py"}
 
 
-def test_only_the_seam_writes_a_models_forward_or_loss_function():
+def test_only_the_seam_writes_what_preparation_changes_on_a_model():
     found = {}
     for path in sorted((REPO / "optimum_gaudi").rglob("*.py")):
         relative = path.relative_to(REPO / "optimum_gaudi").as_posix()
-        if relative == "features/seam.py":
+        if relative == "seam.py":
             continue
         lines = _writes_to_a_seam(ast.parse(path.read_text(encoding="utf-8")))
         if lines:
             found[relative] = lines
     assert set(found) == ADOPTED, found
+
+
+# ---- the attention implementation and the checkpointing function (issue 47, item 1) ----------------------------
+
+
+def test_the_attention_implementation_is_a_seam_with_the_split_over_the_request():
+    """The request (--attn_implementation) and a sequence split around it (stood in for by a wrap that records what
+    it goes around): the same request again changes nothing; a name the user sets over the seam is the model's own
+    from then on; undo gives the model the implementation it had."""
+    model = llama()
+    around = []
+
+    def split(current):
+        around.append(current)
+        return "eager"  # a registered name, standing for the split's own
+
+    attention.use(model, SimpleNamespace(attn_implementation="sdpa"), device=None)
+    seam = Seam.of(model, "attn_implementation")
+    seam.put("sequence_parallel", split)
+    assert seam.stages == ("requested", "sequence_parallel") and around == ["sdpa"]
+    attention.use(model, SimpleNamespace(attn_implementation="sdpa"), device=None)
+    assert seam.stages == ("requested", "sequence_parallel") and around == ["sdpa"]
+    model.set_attn_implementation("sdpa")
+    assert seam.stages == () and model.config._attn_implementation == "sdpa"
+    seam.put("requested", lambda current: "eager")
+    assert model.config._attn_implementation == "eager"
+    undo(model)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_fp8_wraps_a_checkpointed_layers_function_once_and_again_after_checkpointing_is_enabled_again():
+    """Each checkpointed layer's function run in the fp8 context, once; gradient checkpointing enabled again writes
+    the layers' own function, which fp8 wraps again; undo takes the wrapper off."""
+    model = llama()
+    model.gradient_checkpointing_enable()
+    plan = Fp8Plan(name="stand-in", convert=lambda model, layers: None, autocast=contextlib.nullcontext)
+    layers = [m for m in model.modules() if getattr(m, "_gradient_checkpointing_func", None) is not None]
+    assert layers and recompute_in_fp8(model, plan) == len(layers)
+    assert recompute_in_fp8(model, plan) == 0
+    model.gradient_checkpointing_enable()
+    assert recompute_in_fp8(model, plan) == len(layers)
+    assert all(Seam.find(m, "_gradient_checkpointing_func").stages == ("fp8",) for m in layers)
+    undo(model)
+    assert not any(isinstance(m._gradient_checkpointing_func, _InFp8) for m in layers)

@@ -1,7 +1,8 @@
-"""The one writer of a model's ``forward`` and ``loss_function``: the seams model preparation's stages change.
+"""The one writer of what model preparation's stages change on a model: its ``forward`` and ``loss_function``, the
+attention implementation its config names, and a layer's activation-checkpointing function.
 
-Several stages of a trainer's model preparation (optimum_gaudi/preparation/) change what the model's ``forward``
-or ``loss_function`` is (the model's own or one of its modules'). Those writes all go through :class:`Seam`: it
+Several stages of a trainer's model preparation (optimum_gaudi/preparation/) change what those are (the model's own
+or one of its modules'). Those writes all go through :class:`Seam`: it
 lays each stage's contribution over what is already there, checks that it lands in the order of :data:`LAYERS`
 (inner first), and takes any outermost contribution back, or all of them at once. So no stage depends on knowing
 which stage wrapped the seam before it (the fused loss reads the model's own loss function from the seam, not
@@ -24,11 +25,24 @@ T = TypeVar("T")
 LAYERS: dict[str, tuple[str, ...]] = {
     "forward": ("fused_rms_norm", "fused_rotary", "training_graphs", "inference_graphs", "static_batches"),
     "loss_function": ("pinned", "compiled", "fused_loss", "static_batches"),
+    # a checkpointed layer's function (transformers' GradientCheckpointingLayer): run in the device's fp8 context
+    "_gradient_checkpointing_func": ("fp8",),
+    # the name in the model's config: the one asked for (--attn_implementation), then a sequence split around it
+    "attn_implementation": ("requested", "sequence_parallel"),
 }
 
 # Where an instance keeps each seam's value: transformers' loss_function property stores what it is given in
-# ``_loss_function`` (modeling_utils.PreTrainedModel.loss_function's setter).
-_STORED = {"forward": "forward", "loss_function": "_loss_function"}
+# ``_loss_function`` (modeling_utils.PreTrainedModel.loss_function's setter); the attention implementation is the
+# config's, written with ``set_attn_implementation`` (its sub-configs too).
+_STORED = {
+    "forward": "forward",
+    "loss_function": "_loss_function",
+    "_gradient_checkpointing_func": "_gradient_checkpointing_func",
+}
+# Seams whose value, written over them by someone else, is the model's own from then on (the contributions under it
+# are forgotten): a loss function assigned, gradient checkpointing enabled again, another implementation set. A
+# forward written over the seam wraps what it found, as accelerate's mixed-precision forward does: it is kept.
+_OWN_WHEN_OVERWRITTEN = {"loss_function", "_gradient_checkpointing_func", "attn_implementation"}
 _SEAMS = "_gaudi_seams"
 _UNDO = "_gaudi_undo"
 
@@ -62,7 +76,7 @@ class _Layer:
 
 
 class Seam:
-    """The one writer of one object's ``forward`` or ``loss_function``: the stages' contributions, laid over
+    """The one writer of one of an object's seams (:data:`LAYERS`): the stages' contributions, laid over
     the object's own value in :data:`LAYERS`' order. A contribution that belongs under ones already there is laid
     under them (they are taken off and laid again over it); only what another library wrote in place (adopted)
     cannot be laid again, and stops that with an :class:`OrderError`."""
@@ -70,7 +84,7 @@ class Seam:
     def __init__(self, owner: Any, name: str) -> None:
         self.owner, self.name = owner, name
         self.order = LAYERS[name]
-        self._key = _STORED[name]
+        self._key = _STORED.get(name)  # None: the config's attention implementation
         self._layers: list[_Layer] = []
         self._original: Any = None
 
@@ -99,7 +113,12 @@ class Seam:
     def original(self) -> Any:
         """The value under every contribution: the model's own forward or loss function."""
         self._sync()
-        return self._original if self._layers else getattr(self.owner, self.name)
+        return self._original if self._layers else self._effective()
+
+    def value(self, stage: str) -> Any:
+        """What ``stage`` laid on the seam (it must be there)."""
+        self._sync()
+        return next(layer.value for layer in self._layers if layer.stage == stage)
 
     def put(self, stage: str, wrap: Callable[[Any], Any]) -> Any:
         """Lay ``wrap(value under it)`` on the seam as ``stage``'s contribution, in its place in the order;
@@ -116,9 +135,9 @@ class Seam:
         it writes nothing (a device without graphs). It must go over every contribution there."""
         if self._over(stage):
             raise OrderError(f"{self._where()}: {stage} writes in place and cannot go under {self.stages[-1]}.")
-        current, before = getattr(self.owner, self.name), vars(self.owner).get(self._key, _MISSING)
+        current, before = self._effective(), self._own()
         result = write()
-        after = vars(self.owner).get(self._key, _MISSING)
+        after = self._own()
         if after is not before:
             self._push(_Layer(stage, before, after, None), current)
         return result
@@ -140,10 +159,10 @@ class Seam:
             self._layers.clear()
 
     def _lay(self, stage: str, wrap: Callable[[Any], Any]) -> Any:
-        current, before = getattr(self.owner, self.name), vars(self.owner).get(self._key, _MISSING)
+        current, before = self._effective(), self._own()
         value = wrap(current)
         self._push(_Layer(stage, before, value, wrap), current)
-        setattr(self.owner, self.name, value)
+        self._write(value)
         return value
 
     def _push(self, layer: _Layer, current: Any) -> None:
@@ -165,7 +184,7 @@ class Seam:
         if not over:
             return over
         adopted = [layer.stage for layer in over if layer.wrap is None]
-        if adopted or vars(self.owner).get(self._key, _MISSING) is not self._layers[-1].value:
+        if adopted or self._overwritten():
             above = adopted[0] if adopted else "what another library wrote over the seam"
             raise OrderError(f"{self._where()}: {stage} cannot go under {above} (order, inner first: "
                              f"{', '.join(self.order)}).")  # fmt: skip
@@ -174,15 +193,37 @@ class Seam:
         return over
 
     def _sync(self) -> None:
-        """A loss function assigned over the seam (``model.loss_function = ...``) is the model's own from then on,
-        as transformers' property makes it: the contributions under it are forgotten. (A forward written over the
-        seam wraps what it found, as accelerate's mixed-precision forward does: they are kept.)"""
-        if self.name == "loss_function" and self._layers:
-            if vars(self.owner).get(self._key, _MISSING) is not self._layers[-1].value:
-                self._layers.clear()
+        """A value written over the seam by someone else is the model's own from then on, where
+        :data:`_OWN_WHEN_OVERWRITTEN` says so (as transformers' loss_function property makes it): the contributions
+        under it are forgotten."""
+        if self.name in _OWN_WHEN_OVERWRITTEN and self._layers and self._overwritten():
+            self._layers.clear()
+
+    def _overwritten(self) -> bool:
+        """Something other than the outermost contribution is there now."""
+        own, top = self._own(), self._layers[-1].value
+        return own != top if self._key is None else own is not top
+
+    def _own(self) -> Any:
+        """The instance's own value (``_MISSING``: none, the class's is used)."""
+        if self._key is None:
+            return getattr(self.owner.config, "_attn_implementation", None)
+        return vars(self.owner).get(self._key, _MISSING)
+
+    def _effective(self) -> Any:
+        return self._own() if self._key is None else getattr(self.owner, self.name)
+
+    def _write(self, value: Any) -> None:
+        if self._key is None:
+            if self._own() != value:  # set_attn_implementation checks the kernel's availability again
+                self.owner.set_attn_implementation(value)
+        else:
+            setattr(self.owner, self.name, value)
 
     def _restore(self, previous: Any) -> None:
-        if previous is _MISSING:
+        if self._key is None:
+            self._write(previous)
+        elif previous is _MISSING:
             vars(self.owner).pop(self._key, None)
         else:
             vars(self.owner)[self._key] = previous
@@ -210,9 +251,9 @@ def undo_attribute(owner: Any, name: str) -> None:
 
 def undo(model: nn.Module) -> None:
     """What the preparation's stages laid on the model, taken back in one call: every seam of it and its modules
-    (fused kernels, compiled and fused losses, graphs), and the hooks, markers and compiled blocks they left. Not
-    undone: fp8's converted layers (other modules, holding the same weights), the attention implementation (a
-    config value, saved with the model) and gaudi_fused_sdpa's binding, and what accelerate's own wrap did (its
+    (fused kernels, compiled and fused losses, graphs, fp8's checkpointing function, the attention implementation
+    the model came with), and the hooks, markers and compiled blocks they left. Not undone: fp8's converted layers
+    (other modules, holding the same weights), gaudi_fused_sdpa's binding, and what accelerate's own wrap did (its
     mixed-precision forward with --bf16, which ``accelerator.unwrap_model(model, keep_fp32_wrapper=False)`` takes
     off; DDP, FSDP2's shards)."""
     for module in reversed(list(model.modules())):
