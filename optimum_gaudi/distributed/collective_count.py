@@ -99,6 +99,7 @@ class CollectiveCount:
 
 
 _active: CollectiveCount | None = None
+_users = 0  # the start()s not yet stopped: a trainer training inside another's train() shares the count
 _originals: dict[str, Any] = {}  # torch's functions, while replaced
 
 
@@ -137,13 +138,22 @@ def active() -> CollectiveCount | None:
 
 def start(ddp_model: Any = None) -> CollectiveCount | None:
     """Count from now, where the default group's backend keeps no count or torch's flight recorder cannot say what a
-    rank waits in; None (nothing done) where both can."""
-    global _active
-    if _active is not None:
-        return _active
-    if not dist.is_initialized() or backend_counts() and flight_recorder_names_collectives():
-        return None
-    _active = CollectiveCount()
+    rank waits in; None (nothing done) where both can. A start while a count runs (a second trainer's train() inside
+    the first's, transformers' training loop begun again by ``--auto_find_batch_size``) shares that count and still
+    hooks its own DDP module; each start that returned a count is ended by one :func:`stop`."""
+    global _active, _users
+    if _active is None:
+        if not dist.is_initialized() or backend_counts() and flight_recorder_names_collectives():
+            return None
+        _active = CollectiveCount()
+        _replace_torch_functions()
+    _users += 1
+    if ddp_model is not None:
+        count_ddp_reductions(ddp_model)
+    return _active
+
+
+def _replace_torch_functions() -> None:
     for name, position in COLLECTIVES.items():
         original = getattr(dist.distributed_c10d, name, None)
         if original is None:  # not in this torch release
@@ -153,14 +163,16 @@ def start(ddp_model: Any = None) -> CollectiveCount | None:
         for module in _MODULES:
             if getattr(module, name, None) is original:
                 setattr(module, name, counting)
-    if ddp_model is not None:
-        count_ddp_reductions(ddp_model)
-    return _active
 
 
 def stop() -> None:
-    """Put torch's functions back; code that took a counting one keeps it, which then only calls torch's."""
-    global _active
+    """End one :func:`start`'s share; with the last, put torch's functions back (code that took a counting one keeps
+    it, which then only calls torch's). A DDP module keeps the counting hook (DDP cannot remove one): without a
+    count it only reduces, as the reducer does."""
+    global _active, _users
+    _users = max(0, _users - 1)
+    if _users:
+        return
     for name, original in _originals.items():
         for module in _MODULES:
             if getattr(getattr(module, name, None), "__wrapped__", None) is original:

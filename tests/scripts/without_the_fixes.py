@@ -28,6 +28,7 @@ COMMANDS = "integration/optimum_habana/test_optimum_habana_commands.py"
 USER_SETTINGS = "unit/devices/test_hpu_user_settings.py"
 STALLS = "unit/distributed/test_watchdog_and_sigterm_agreement.py"
 COUNT = "unit/distributed/test_collective_count.py"
+WATCH = "unit/trainers/test_watch.py"
 
 
 @dataclass(frozen=True)
@@ -278,6 +279,16 @@ UNDOS = (
                                        "    return not gradient_as_bucket_view or group_size & (group_size - 1) == 0",
                                        "    return True"),),
          (f"{COUNT}::test_the_counting_hook_gives_ddps_gradients_bit_for_bit_and_is_refused_where_it_could_not",),
+         device=False),
+    # two trainers in one process share the count; a training loop begun again ends its first watchdog
+    Undo("count-shared", "46.4", (("optimum_gaudi/distributed/collective_count.py", "    _users += 1\n",
+                                   "    _users = 1\n"),),
+         (f"{COUNT}::test_a_second_trainer_shares_the_running_count_hooks_its_own_ddp_module_and_does_not_end_the_"
+          "firsts",), device=False),
+    Undo("watch-begun-again", "46.4", (("optimum_gaudi/trainers/watch.py",
+                                        "        self.stop()\n        store = default_store()",
+                                        "        store = default_store()"),),
+         (f"{WATCH}::test_a_training_loop_begun_again_ends_its_first_watchdog_and_counts_the_new_ddp_module",),
          device=False),
 )  # fmt: skip
 

@@ -25,7 +25,8 @@ def one_process_group(tmp_path, monkeypatch):
     try:
         yield
     finally:
-        collective_count.stop()
+        while collective_count.active() is not None:  # every share a test left
+            collective_count.stop()
         dist.destroy_process_group()
 
 
@@ -119,3 +120,28 @@ def test_a_compiled_function_calling_a_collective_compiles_into_the_same_graph_w
     )
     assert torch.equal(torch.compile(step)(torch.ones(4)), torch.full((4,), 3.0)) and count.counts == {}
     torch._dynamo.reset()
+
+
+def hooked(model) -> bool:
+    return any(hook is collective_count._count_and_reduce for hook, _ in model._comm_hooks)
+
+
+def test_a_second_trainer_shares_the_running_count_hooks_its_own_ddp_module_and_does_not_end_the_firsts(
+    one_process_group,
+):
+    """Two trainers in one process, the second's train() inside the first's (or transformers' loop begun again by
+    --auto_find_batch_size): the second DDP module is hooked too, and its stop leaves the first's count running.
+    Before, a start while a count ran returned it without hooking the module, and the first stop ended both."""
+    original = dist.all_reduce
+    first, second = (torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2)) for _ in range(2))
+    count = collective_count.start(first)
+    assert collective_count.start(second) is count and hooked(first) and hooked(second)
+    collective_count.stop()  # the second trainer's train() ends
+    assert collective_count.active() is count and dist.all_reduce is not original
+    before = count.default_count()
+    first(torch.ones(3, 4)).sum().backward()  # the first trainer's step: its bucket all-reduce still counted
+    assert count.default_count() == before + 1 and count.last["default"].site.startswith("DDP's reducer")
+    collective_count.stop()
+    assert collective_count.active() is None and dist.all_reduce is original
+    collective_count.stop()  # one stop too many (a trainer whose start counted nothing) changes nothing
+    assert collective_count.start() is not count and collective_count.active().counts == {}  # a fresh count
