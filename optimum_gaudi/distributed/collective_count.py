@@ -25,15 +25,20 @@ pace. The cost is a few attribute reads and a dictionary increment per collectiv
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ..launch.ranks import FLIGHT_RECORDER_ENV, NCCL_FLIGHT_RECORDER_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -126,10 +131,48 @@ def backend_counts(group: Any = None) -> bool:
     return True
 
 
-def flight_recorder_names_collectives() -> bool:
-    """Whether torch's flight recorder can name the collective a rank waits in on any backend (torch 2.8's
-    ``_dump_fr_trace_json``); on torch 2.6 and 2.7 (Gaudi 1.20-1.22) it records NCCL's only."""
+def flight_record_dump(backend: str | None = None) -> Callable[[bool, bool], str] | None:
+    """torch's JSON dump of the flight recorder that holds ``backend``'s collectives (the default group's when None),
+    where it records them: NCCL into a recorder of its own (``_dump_nccl_trace_json``, on every torch the project
+    supports), gloo into the generic one (``_dump_fr_trace_json``, torch 2.8 and later); None where torch records
+    nothing of the backend (a custom one: HCCL) or its recorder was left off (its buffer size, read from the
+    environment when the first group is made: launch/ranks.py's ``enable_flight_recorder``)."""
+    c10d = torch._C._distributed_c10d
+    backend = _default_backend() if backend is None else backend
+    if "nccl" in backend:
+        dump = getattr(c10d, "_dump_nccl_trace_json", None)
+        sizes = (
+            (FLIGHT_RECORDER_ENV, NCCL_FLIGHT_RECORDER_ENV)
+            if generic_flight_recorder()
+            else (NCCL_FLIGHT_RECORDER_ENV,)
+        )
+    elif "gloo" in backend:
+        dump, sizes = getattr(c10d, "_dump_fr_trace_json", None), (FLIGHT_RECORDER_ENV, NCCL_FLIGHT_RECORDER_ENV)
+    else:
+        return None
+    size = next((os.environ[name] for name in sizes if name in os.environ), "0")  # the one torch reads
+    with contextlib.suppress(ValueError):
+        return dump if int(size) > 0 else None
+    return None
+
+
+def generic_flight_recorder() -> bool:
+    """Whether this torch has the flight recorder every backend may record into (torch 2.8's
+    ``_dump_fr_trace_json``); before, only NCCL records, into its own."""
     return hasattr(torch._C._distributed_c10d, "_dump_fr_trace_json")
+
+
+def flight_recorder_names_collectives(backend: str | None = None) -> bool:
+    """Whether torch's flight recorder can name the collective a rank of ``backend`` (the default group's) waits in:
+    gloo's from torch 2.8 (Gaudi 1.20-1.22 ship 2.6 and 2.7), NCCL's on every torch, a custom backend's never."""
+    return flight_record_dump(backend) is not None
+
+
+def _default_backend() -> str:
+    """The default group's backend, as torch names it ("gloo", "nccl", "cpu:gloo,cuda:nccl", "hccl"), or ""."""
+    with contextlib.suppress(Exception):
+        return str(dist.get_backend())
+    return ""
 
 
 def active() -> CollectiveCount | None:
