@@ -21,6 +21,7 @@ from transformers import TrainingArguments
 from ..configuration.gaudi_config import GaudiConfig
 from ..devices import CPUDevice, Device, check_torch_release, detect_device
 from ..devices.hpu import bridge_installed, prepare_bridge
+from ..distributed import collective_count
 from ..distributed.fsdp import fsdp2_config, read_fsdp_config
 from ..distributed.host_group import honour_timeout
 from ..distributed.layout import ParallelLayout, argument_problem
@@ -362,7 +363,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             self.ddp_backend = self.ddp_backend or self.gaudi_device.ddp_backend
             self.gaudi_device.register_ddp_backend()
             if self.hang_timeout != 0:
-                enable_flight_recorder()  # the watchdog's report names the collective each rank waits in
+                # the watchdog's report names the collective each rank waits in
+                enable_flight_recorder(nccl_variable=not collective_count.generic_flight_recorder())
         # every degree of the run, and the one choice of context parallelism (distributed/layout.py)
         self.parallel_layout = ParallelLayout.from_arguments(self, _launched_world_size(mpi=True))
         config = self.parallel_layout.parallelism_config()  # torch's context parallelism, as accelerate runs it
