@@ -2,7 +2,7 @@
 
 Each section is one side-by-side run. `BENCH_SECTIONS=compile make bench` reruns only the named sections
 (comma-separated: speed, compile, llama, fused_loss, distributed, fsdp, fsdp_cpu_time, plan, allreduce, context_parallel,
-gpu, sharded_save, stalls) and replaces just those in docs/benchmarks.md,
+gpu, sharded_save, stalls, watchdog) and replaces just those in docs/benchmarks.md,
 each section saying when and under what load it was measured.
 """
 
@@ -34,6 +34,7 @@ from benchmarks import (  # noqa: E402
     sharded_save,
     stalls,
     train_speed,
+    watchdog_cost,
 )
 from benchmarks.common import markdown_table  # noqa: E402
 
@@ -239,6 +240,21 @@ def stalls_section(quick: bool) -> str:
     return f"## A stalled rank: found, reported, restarted (default settings)\n\n{t.table()}\n\n{text}\n\n{command}"
 
 
+def watchdog_section(quick: bool) -> str:
+    rounds, steps = (2, 20) if quick else (6, 60)
+    text, runs = watchdog_cost.run(rounds, steps)
+    t = Targets()
+    for name, r in runs.items():
+        what = "watchdog + collective count" if r["counted"] else "watchdog"
+        for clock, label in (("_cpu", "CPU"), ("", "wall")):
+            t.check(f"{what}, {name}: {label} time added a step", 100 * r[f"cost{clock}"], 1.0, "{:+.2f}%", True)
+    command = (
+        f"Measured on {watchdog_cost.machine()}, torch {torch.__version__}, one thread a process. Command: `BENCH_SECTIONS=watchdog make "
+        "bench` (benchmarks/watchdog_cost.py says what is measured; `python -m benchmarks.watchdog_cost` alone)."
+    )
+    return f"## The watchdog's cost per step, on and off side by side\n\n{t.table()}\n\n{text}\n\n{command}"
+
+
 def gpu_section(quick: bool) -> str:
     """Only where a GPU is lent (BENCH_SECTIONS=gpu): the default sections run on the CPU."""
     tiny = quick or os.environ.get("BENCH_GPU_TINY") == "1"
@@ -291,6 +307,7 @@ SECTIONS = {
     "gpu": gpu_section,
     "sharded_save": sharded_save_section,  # about 5 minutes on 2 cores: not a default section
     "stalls": stalls_section,  # about an hour (12 stalls of a minute, restarts, the 5-minute compile drill): opt-in
+    "watchdog": watchdog_section,  # a few minutes on 2 shared cores (2 launches of 12 trainings)
 }
 DEFAULT_SECTIONS = (
     "speed",
@@ -301,6 +318,7 @@ DEFAULT_SECTIONS = (
     "allreduce",
     "context_parallel",
     "plan",
+    "watchdog",
 )  # gpu: only where one is lent
 
 

@@ -15,6 +15,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
 torch.set_num_threads(1)
+# Every process a test starts imports this checkout's optimum_gaudi, not the one the environment's editable install
+# points at: from a second work tree, the ranks a test launched ran the first tree's code while the test ran its own
+# (tests/unit/test_launched_processes.py). The likeliest reading of issue 46's "the DDP training after two FSDP ones
+# in tests/scripts/fsdp_features.py ran without the counting hook": with this tree's code its ranks carry it. A
+# process given a PYTHONPATH of its own adds to this one or takes SIMULATED_PATH.
+REPO = Path(__file__).resolve().parent.parent
+_paths = [str(REPO), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO))]
+os.environ["PYTHONPATH"] = os.pathsep.join(_paths)
 # where a run that asks for no particular device lands without a Gaudi: the suite also runs on a CUDA machine
 FALLBACK_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -34,6 +42,7 @@ def tiny_gpt2():
 
 
 FAKES = str(Path(__file__).parent / "fakes")
+SIMULATED_PATH = os.pathsep.join([FAKES, str(REPO)])  # a process on the simulated Gaudi: the simulator, this checkout
 # a pytest process started on the simulated hpu device (FAKE_HPU_DEVICE=1 with tests/fakes on PYTHONPATH, see
 # tests/integration/devices/test_run_clm_on_the_simulated_hpu.py): transformers then places every model on hpu, so CPU-only tests are skipped there
 ON_DEVICE = os.environ.get("FAKE_HPU_DEVICE") == "1"

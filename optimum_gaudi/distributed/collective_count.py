@@ -25,15 +25,20 @@ pace. The cost is a few attribute reads and a dictionary increment per collectiv
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ..launch.ranks import FLIGHT_RECORDER_ENV, NCCL_FLIGHT_RECORDER_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +104,7 @@ class CollectiveCount:
 
 
 _active: CollectiveCount | None = None
+_users = 0  # the start()s not yet stopped: a trainer training inside another's train() shares the count
 _originals: dict[str, Any] = {}  # torch's functions, while replaced
 
 
@@ -125,10 +131,48 @@ def backend_counts(group: Any = None) -> bool:
     return True
 
 
-def flight_recorder_names_collectives() -> bool:
-    """Whether torch's flight recorder can name the collective a rank waits in on any backend (torch 2.8's
-    ``_dump_fr_trace_json``); on torch 2.6 and 2.7 (Gaudi 1.20-1.22) it records NCCL's only."""
+def flight_record_dump(backend: str | None = None) -> Callable[[bool, bool], str] | None:
+    """torch's JSON dump of the flight recorder that holds ``backend``'s collectives (the default group's when None),
+    where it records them: NCCL into a recorder of its own (``_dump_nccl_trace_json``, on every torch the project
+    supports), gloo into the generic one (``_dump_fr_trace_json``, torch 2.8 and later); None where torch records
+    nothing of the backend (a custom one: HCCL) or its recorder was left off (its buffer size, read from the
+    environment when the first group is made: launch/ranks.py's ``enable_flight_recorder``)."""
+    c10d = torch._C._distributed_c10d
+    backend = _default_backend() if backend is None else backend
+    if "nccl" in backend:
+        dump = getattr(c10d, "_dump_nccl_trace_json", None)
+        sizes = (
+            (FLIGHT_RECORDER_ENV, NCCL_FLIGHT_RECORDER_ENV)
+            if generic_flight_recorder()
+            else (NCCL_FLIGHT_RECORDER_ENV,)
+        )
+    elif "gloo" in backend:
+        dump, sizes = getattr(c10d, "_dump_fr_trace_json", None), (FLIGHT_RECORDER_ENV, NCCL_FLIGHT_RECORDER_ENV)
+    else:
+        return None
+    size = next((os.environ[name] for name in sizes if name in os.environ), "0")  # the one torch reads
+    with contextlib.suppress(ValueError):
+        return dump if int(size) > 0 else None
+    return None
+
+
+def generic_flight_recorder() -> bool:
+    """Whether this torch has the flight recorder every backend may record into (torch 2.8's
+    ``_dump_fr_trace_json``); before, only NCCL records, into its own."""
     return hasattr(torch._C._distributed_c10d, "_dump_fr_trace_json")
+
+
+def flight_recorder_names_collectives(backend: str | None = None) -> bool:
+    """Whether torch's flight recorder can name the collective a rank of ``backend`` (the default group's) waits in:
+    gloo's from torch 2.8 (Gaudi 1.20-1.22 ship 2.6 and 2.7), NCCL's on every torch, a custom backend's never."""
+    return flight_record_dump(backend) is not None
+
+
+def _default_backend() -> str:
+    """The default group's backend, as torch names it ("gloo", "nccl", "cpu:gloo,cuda:nccl", "hccl"), or ""."""
+    with contextlib.suppress(Exception):
+        return str(dist.get_backend())
+    return ""
 
 
 def active() -> CollectiveCount | None:
@@ -137,13 +181,22 @@ def active() -> CollectiveCount | None:
 
 def start(ddp_model: Any = None) -> CollectiveCount | None:
     """Count from now, where the default group's backend keeps no count or torch's flight recorder cannot say what a
-    rank waits in; None (nothing done) where both can."""
-    global _active
-    if _active is not None:
-        return _active
-    if not dist.is_initialized() or backend_counts() and flight_recorder_names_collectives():
-        return None
-    _active = CollectiveCount()
+    rank waits in; None (nothing done) where both can. A start while a count runs (a second trainer's train() inside
+    the first's, transformers' training loop begun again by ``--auto_find_batch_size``) shares that count and still
+    hooks its own DDP module; each start that returned a count is ended by one :func:`stop`."""
+    global _active, _users
+    if _active is None:
+        if not dist.is_initialized() or backend_counts() and flight_recorder_names_collectives():
+            return None
+        _active = CollectiveCount()
+        _replace_torch_functions()
+    _users += 1
+    if ddp_model is not None:
+        count_ddp_reductions(ddp_model)
+    return _active
+
+
+def _replace_torch_functions() -> None:
     for name, position in COLLECTIVES.items():
         original = getattr(dist.distributed_c10d, name, None)
         if original is None:  # not in this torch release
@@ -153,14 +206,16 @@ def start(ddp_model: Any = None) -> CollectiveCount | None:
         for module in _MODULES:
             if getattr(module, name, None) is original:
                 setattr(module, name, counting)
-    if ddp_model is not None:
-        count_ddp_reductions(ddp_model)
-    return _active
 
 
 def stop() -> None:
-    """Put torch's functions back; code that took a counting one keeps it, which then only calls torch's."""
-    global _active
+    """End one :func:`start`'s share; with the last, put torch's functions back (code that took a counting one keeps
+    it, which then only calls torch's). A DDP module keeps the counting hook (DDP cannot remove one): without a
+    count it only reduces, as the reducer does."""
+    global _active, _users
+    _users = max(0, _users - 1)
+    if _users:
+        return
     for name, original in _originals.items():
         for module in _MODULES:
             if getattr(getattr(module, name, None), "__wrapped__", None) is original:

@@ -530,14 +530,32 @@ def _whose_count() -> str:
 def waiting_in() -> str:
     """The collective this rank waits in. Its main thread's innermost Python frame says whether it waits inside
     torch at all (a collective is called from torch.distributed, a gradient reduction from autograd or DDP);
-    then torch's flight recorder (TORCH_FR_BUFFER_SIZE) names the collective issued last, else the project's own
-    count (a backend without either, HCCL) names it and its call site, else that frame does."""
+    then torch's flight recorder names the collective issued last (the one of the default group's backend: NCCL's
+    own, gloo's from torch 2.8; collective_count.flight_record_dump), else the project's own count (a backend
+    without either, HCCL) names it and its call site, else that frame does."""
     frame = sys._current_frames().get(threading.main_thread().ident)
     path = frame.f_code.co_filename.replace(os.sep, "/") if frame is not None else ""
     if not any(part in path for part in ("/torch/", "/accelerate/", "/deepspeed/", "/habana_frameworks/")):
         return "no collective (its main thread runs outside torch: see its stack)"
+    recorded = _recorded_wait()
+    if recorded is not None:
+        return recorded
+    count = collective_count.active()
+    counted = count.waiting_in() if count is not None else None
+    if counted is not None:  # a backend without a flight record (HCCL): the project's own record
+        return counted
+    short = path.split("/site-packages/", 1)[-1]
+    return f"{frame.f_code.co_name} ({short}:{frame.f_lineno}), its main thread's innermost frame"
+
+
+def _recorded_wait() -> str | None:
+    """The collective torch's flight recorder holds as this rank's newest not completed one (the recorder of the
+    default group's backend), or None: no record of this backend, its recorder off, or nothing pending."""
+    dump_json = collective_count.flight_record_dump()
+    if dump_json is None:
+        return None
     with contextlib.suppress(Exception):
-        dump = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(True, True))
+        dump = json.loads(dump_json(True, True))
         status = dump.get("pg_status", {})
         newest: dict[str, dict] = {}  # each group's last collective (gloo marks completion only where waited on)
         for entry in dump.get("entries", []):
@@ -558,12 +576,7 @@ def waiting_in() -> str:
                 f"{entry.get('profiling_name')} on group {label} (its collective {entry['collective_seq_id']}, "
                 f"issued {age:.1f} s ago, input sizes {entry.get('input_sizes')}; torch's flight recorder)"
             )
-    count = collective_count.active()
-    counted = count.waiting_in() if count is not None else None
-    if counted is not None:  # a backend without a flight record (HCCL): the project's own record
-        return counted
-    short = path.split("/site-packages/", 1)[-1]
-    return f"{frame.f_code.co_name} ({short}:{frame.f_lineno}), its main thread's innermost frame"
+    return None
 
 
 def _stacks() -> str:

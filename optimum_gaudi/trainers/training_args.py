@@ -24,6 +24,7 @@ from transformers import TrainingArguments
 from ..configuration.gaudi_config import GaudiConfig
 from ..devices import CPUDevice, Device, check_torch_release, detect_device
 from ..devices.hpu import bridge_installed, prepare_bridge
+from ..distributed import collective_count
 from ..distributed.fsdp import fsdp2_config, read_fsdp_config
 from ..distributed.host_group import honour_timeout
 from ..distributed.layout import ParallelLayout
@@ -391,7 +392,8 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
         if self.parallel_layout.world_size > 1:
             self.gaudi_device.register_ddp_backend()
             if self.hang_timeout != 0:
-                enable_flight_recorder()  # the watchdog's report names the collective each rank waits in
+                # the watchdog's report names the collective each rank waits in
+                enable_flight_recorder(nccl_variable=not collective_count.generic_flight_recorder())
 
     @functools.cached_property
     def _setup_devices(self) -> torch.device:

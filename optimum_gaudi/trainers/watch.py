@@ -36,6 +36,7 @@ class ProgressWatch(TrainerCallback):
 
     def __init__(self, device: Any = None, wrapped_model: Callable[[], Any] | None = None) -> None:
         self.watchdog: Watchdog | None = None
+        self._counting = False  # this watch's share of the collective count (distributed/collective_count.py)
         self._wrapped_model = wrapped_model  # the DDP module, once accelerate made it: its reductions are counted
         self._compiling = False
         self._compiling_first_steps = getattr(device, "compiling_first_steps", 0)
@@ -45,6 +46,9 @@ class ProgressWatch(TrainerCallback):
         self._new_shapes_steps = 0  # steps still to watch as compiling for new shapes (this one and the next)
 
     def on_train_begin(self, args, state, control, **kwargs):
+        # transformers begins its training loop again, without ending it, after an out-of-memory error under
+        # --auto_find_batch_size: the first loop's watchdog would go on watching a step that never ends
+        self.stop()
         store = default_store()
         if store is None:
             return
@@ -59,7 +63,8 @@ class ProgressWatch(TrainerCallback):
         )
         self.watchdog.start()
         # where the backend numbers no collectives (HCCL), the project counts them: the verdict tells ranks apart
-        collective_count.start(self._wrapped_model() if self._wrapped_model is not None else None)
+        model = self._wrapped_model() if self._wrapped_model is not None else None
+        self._counting = collective_count.start(model) is not None
         _pause_during_compilation(self)
         if args.process_index == 0:
             limit = "derived from the run's step, save and evaluation times, at least 60 s"
@@ -107,6 +112,8 @@ class ProgressWatch(TrainerCallback):
         if self.watchdog is not None:
             self.watchdog.stop()
             self.watchdog = None
+        if self._counting:
+            self._counting = False
             collective_count.stop()
         _stop_pausing_during_compilation(self)
 

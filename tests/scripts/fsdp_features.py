@@ -117,6 +117,15 @@ def final_model(trainer: GaudiTrainer, folder: str) -> dict:
     return {"files": files, "equal": equal}
 
 
+def counting_hook(model) -> bool | None:
+    """Whether a DDP module carries the collective count's hook (installed where the backend numbers no collectives,
+    as the simulated hccl: distributed/collective_count.py); None for a model DDP did not wrap."""
+    from optimum_gaudi.distributed.collective_count import _count_and_reduce
+
+    hooks = getattr(model, "_comm_hooks", None)
+    return None if hooks is None else any(hook is _count_and_reduce for hook, _ in hooks)
+
+
 def resume(out_dir: str) -> dict:
     """4 steps saving SHARDED_STATE_DICT checkpoints every 2, then the last 2 again from checkpoint-2; then the same
     4 steps under DDP, whose gradients FSDP's must equal (each rank's batch, averaged over the ranks). The loss is
@@ -156,6 +165,7 @@ def resume(out_dir: str) -> dict:
             "optimizer": type(trainer.optimizer.optimizer).__name__,
             "device": str(next(trainer.model.parameters()).device),
             "sharded": trainer.is_fsdp_enabled,
+            "counting_hook": counting_hook(trainer.model_wrapped),
             "memory": {k: v for k, v in logs[-1].items() if "memory" in k},
         }
     saved = Path(out_dir, "whole", "checkpoint-2")

@@ -4,9 +4,10 @@ test is of the HPU path), expects a failure, and puts the file back.
 
     python tests/scripts/without_the_fixes.py [LABEL ...]     # on a clean work tree; about three minutes
 
-The edits are made in the work tree itself: several of the tests start Python processes, which import the
-installed (editable) package, not a copy. Each file is written back when its run ends; a run killed in between
-leaves its edit, which `git checkout -- optimum_gaudi setup.py` takes back.
+The edits are made in the work tree itself: several of the tests start Python processes, which import this
+checkout's package (tests/conftest.py puts it first on their PYTHONPATH), not a copy. Each file is written back
+when its run ends; a run killed in between leaves its edit, which `git checkout -- optimum_gaudi setup.py` takes
+back.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ COMMANDS = "integration/optimum_habana/test_optimum_habana_commands.py"
 USER_SETTINGS = "unit/devices/test_hpu_user_settings.py"
 STALLS = "unit/distributed/test_watchdog_and_sigterm_agreement.py"
 COUNT = "unit/distributed/test_collective_count.py"
+WATCH = "unit/trainers/test_watch.py"
 
 
 @dataclass(frozen=True)
@@ -279,6 +281,23 @@ UNDOS = (
                                        "    return True"),),
          (f"{COUNT}::test_the_counting_hook_gives_ddps_gradients_bit_for_bit_and_is_refused_where_it_could_not",),
          device=False),
+    # two trainers in one process share the count; a training loop begun again ends its first watchdog
+    Undo("count-shared", "46.4", (("optimum_gaudi/distributed/collective_count.py", "    _users += 1\n",
+                                   "    _users = 1\n"),),
+         (f"{COUNT}::test_a_second_trainer_shares_the_running_count_hooks_its_own_ddp_module_and_does_not_end_the_"
+          "firsts",), device=False),
+    Undo("watch-begun-again", "46.4", (("optimum_gaudi/trainers/watch.py",
+                                        "        self.stop()\n        store = default_store()",
+                                        "        store = default_store()"),),
+         (f"{WATCH}::test_a_training_loop_begun_again_ends_its_first_watchdog_and_counts_the_new_ddp_module",),
+         device=False),
+    # on NCCL the report reads NCCL's own flight recorder, which gloo's does not hold
+    Undo("nccl-recorder", "46.4", (("optimum_gaudi/distributed/collective_count.py",
+                                    '        dump = getattr(c10d, "_dump_nccl_trace_json", None)\n',
+                                    '        dump = getattr(c10d, "_dump_fr_trace_json", None)\n'),),
+         (f"{STALLS}::test_on_nccl_the_report_names_the_collective_from_ncclS_own_recorder",
+          f"{COUNT}::test_on_nccl_its_own_recorder_names_the_collectives_once_the_arguments_turn_it_on"),
+         device=False),
 )  # fmt: skip
 
 
@@ -291,9 +310,11 @@ def run(undo: Undo) -> str:
             raise SystemExit(f"error: {undo.label}: the fix's text is not found once in {path}; update this script")
         texts[path] = texts[path].replace(fixed, without)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "PYTHONPATH"))}
-    env["OMP_NUM_THREADS"] = "1"
+    # this checkout's package, the one edited here: pytest runs from tests/, and without it a work tree beside the
+    # one the editable install points at would test the other tree's code, edits or not
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     if undo.device:
-        env.update(PYTHONPATH=str(TESTS / "fakes"), FAKE_HPU_DEVICE="1")
+        env.update(PYTHONPATH=os.pathsep.join([str(TESTS / "fakes"), str(REPO)]), FAKE_HPU_DEVICE="1")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *undo.tests]
     try:
         for path, text in texts.items():

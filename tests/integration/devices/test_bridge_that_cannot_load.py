@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FAKES
+from conftest import SIMULATED_PATH
 from support import TESTS
 
 TRAIN = f"""
@@ -30,7 +30,7 @@ def test_a_bridge_that_cannot_load_is_one_line_and_training_runs_on_cpu(tmp_path
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU"))}
     # 1.21 would load the bridge during `import torch` and fail there, before any of our code: the documented
     # way to start Python past it is TORCH_DEVICE_BACKEND_AUTOLOAD=0
-    env.update(PYTHONPATH=FAKES, FAKE_HPU_SOFTWARE=software, TORCH_DEVICE_BACKEND_AUTOLOAD="0", **failure)
+    env.update(PYTHONPATH=SIMULATED_PATH, FAKE_HPU_SOFTWARE=software, TORCH_DEVICE_BACKEND_AUTOLOAD="0", **failure)
     result = subprocess.run(
         [sys.executable, "-c", TRAIN, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
     )

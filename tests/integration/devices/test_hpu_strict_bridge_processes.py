@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FAKES, GAUDI_SOFTWARE
+from conftest import GAUDI_SOFTWARE, SIMULATED_PATH
 
 from optimum_gaudi import GaudiConfig
 
@@ -36,7 +36,7 @@ def run_probe(tmp_path, launcher=(sys.executable,), **env):
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "WORLD_SIZE", "RANK"))}
-    clean.update(PYTHONPATH=FAKES, OMP_NUM_THREADS="1", **env)
+    clean.update(PYTHONPATH=SIMULATED_PATH, OMP_NUM_THREADS="1", **env)
     flags = ["--output_dir", str(tmp_path / "out"), "--report_to", "none", "--use_habana"]
     command = [*launcher, str(script), *flags, "--gaudi_config_name", "gpt2"]
     return subprocess.run(command, env=clean, capture_output=True, text=True, timeout=180)

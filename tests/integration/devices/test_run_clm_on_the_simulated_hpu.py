@@ -19,7 +19,7 @@ from pathlib import Path
 import census
 import pytest
 import torch
-from conftest import DYNAMO_BREAKS_IN_TRANSFORMERS, FAKES, GAUDI_SOFTWARE, ON_DEVICE
+from conftest import DYNAMO_BREAKS_IN_TRANSFORMERS, GAUDI_SOFTWARE, ON_DEVICE, SIMULATED_PATH
 from support import REPO, TESTS
 
 from optimum_gaudi import GaudiConfig
@@ -51,7 +51,7 @@ def run_clm_process(tmp_path, cache, software, *argv, launcher=(), **env):
     rank 0's log)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
     log = tmp_path / "simulator.json"
-    clean.update(PYTHONPATH=FAKES, FAKE_HPU_SOFTWARE=software, FAKE_HPU_CALL_LOG=str(log), OMP_NUM_THREADS="1")
+    clean.update(PYTHONPATH=SIMULATED_PATH, FAKE_HPU_SOFTWARE=software, FAKE_HPU_CALL_LOG=str(log), OMP_NUM_THREADS="1")
     clean.update(FAKE_HPU_DEVICE="1")
     clean.update(OPTIMUM_GAUDI_CACHE=cache, HF_HUB_OFFLINE="1", **env)
     python = [sys.executable, "-m", "optimum_gaudi", "launch", *launcher] if launcher is not None else [sys.executable]
@@ -127,7 +127,7 @@ def pytest_on_device(*tests: str) -> subprocess.CompletedProcess:
     """Tests in one pytest process started on the simulated hpu device (a process cannot load the device after
     torch answered that it has no accelerator, nor unload it for the other tests)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
-    env.update(PYTHONPATH=FAKES, FAKE_HPU_DEVICE="1", OMP_NUM_THREADS="1")
+    env.update(PYTHONPATH=SIMULATED_PATH, FAKE_HPU_DEVICE="1", OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
     return subprocess.run(command, cwd=TESTS, env=env, capture_output=True, text=True, timeout=600)
 

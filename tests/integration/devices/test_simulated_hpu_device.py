@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import FAKES
+from conftest import SIMULATED_PATH
 from support import free_port
 
 CHECKS = textwrap.dedent(
@@ -193,7 +193,7 @@ CHECKS = textwrap.dedent(
 
 def test_the_simulated_device_behaves_as_the_bridge_documents(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
-    env.update(PYTHONPATH=FAKES, FAKE_HPU_DEVICE="1", FAKE_HPU_SOFTWARE="1.21", OMP_NUM_THREADS="1")
+    env.update(PYTHONPATH=SIMULATED_PATH, FAKE_HPU_DEVICE="1", FAKE_HPU_SOFTWARE="1.21", OMP_NUM_THREADS="1")
     env.update(FAKE_HPU_DEVICE_COUNT="2", HLS_MODULE_ID="1")  # the second card's process of a 2-card machine
     result = subprocess.run([sys.executable, "-c", CHECKS], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -212,7 +212,7 @@ def test_lazy_kernels_abort_on_set_as_the_bridge_does():
     """``habana_kernels/lazy_kernels.cpp``: ``set_.source_Storage`` is HABANA_ASSERT(false) then std::terminate in lazy
     mode, and torch's ``UntypedStorage.resize_`` on a device storage runs it: the process aborts."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
-    env.update(PYTHONPATH=FAKES, FAKE_HPU_DEVICE="1", FAKE_HPU_SOFTWARE="1.19", OMP_NUM_THREADS="1")
+    env.update(PYTHONPATH=SIMULATED_PATH, FAKE_HPU_DEVICE="1", FAKE_HPU_SOFTWARE="1.19", OMP_NUM_THREADS="1")
     result = subprocess.run([sys.executable, "-c", LAZY_RESIZE], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == -6 and "lazy kernels took" not in result.stdout, (result.returncode, result.stdout)
     assert "set_.source_Storage: This function should not be called in lazy flow" in result.stderr
@@ -237,7 +237,7 @@ def test_the_accelerator_is_the_hpu_as_on_a_cpu_build_of_torch():
     accelerator query found HPU and CUDA both built and refused ("Cannot have both HPU and cuda."): the DataLoader
     and the autograd engine failed before step 1. The simulated plugin stands where a Gaudi's CPU build would."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
-    env.update(PYTHONPATH=FAKES, FAKE_HPU_DEVICE="1", OMP_NUM_THREADS="1")
+    env.update(PYTHONPATH=SIMULATED_PATH, FAKE_HPU_DEVICE="1", OMP_NUM_THREADS="1")
     result = subprocess.run(
         [sys.executable, "-c", AS_A_CPU_BUILD], env=env, capture_output=True, text=True, timeout=300
     )
@@ -284,7 +284,7 @@ def test_simulated_hccl_has_no_timeout_no_collective_count_and_no_flight_record(
     completes (the timeout is dropped, ``wait`` ignores one, ``barrier`` polls the store), torch has no sequence
     number for it, and torch's flight recorder holds only the gloo group's collective."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
-    env.update(PYTHONPATH=FAKES, FAKE_HPU_DEVICE="1", FAKE_HPU_SOFTWARE="1.21", OMP_NUM_THREADS="1")
+    env.update(PYTHONPATH=SIMULATED_PATH, FAKE_HPU_DEVICE="1", FAKE_HPU_SOFTWARE="1.21", OMP_NUM_THREADS="1")
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2", FAKE_HPU_DEVICE_COUNT="2")
     ranks = [
         subprocess.Popen(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import census
 import pytest
-from conftest import FAKES, TORCHAO_DIR, cpu_fsdp, has_torchao, use_torchao
+from conftest import FAKES, SIMULATED_PATH, TORCHAO_DIR, cpu_fsdp, has_torchao, use_torchao
 from support import SCRIPTS, TESTS
 
 SCRIPT = SCRIPTS / "fsdp_features.py"
@@ -106,6 +106,16 @@ def launched(fixture: tuple) -> tuple[Path, dict[int, dict]]:
     if isinstance(ranks, AssertionError):
         pytest.fail(f"the launch on 2 simulated Gaudis stopped: {ranks}")
     return tmp_path, ranks
+
+
+def test_the_ddp_run_after_two_fsdp_runs_in_one_process_counts_its_gradient_reductions(two_simulated_gaudis):
+    """Issue 46: the collective count (on here: the simulated hccl numbers no collectives) hooks the DDP module of
+    the third training in these processes, after two FSDP ones, on every rank; FSDP's modules are not DDP's."""
+    _, ranks = launched(two_simulated_gaudis)
+    for rank in (0, 1):
+        runs = ranks[rank]
+        assert runs["ddp"]["counting_hook"] is True, rank
+        assert runs["whole"]["counting_hook"] is runs["resumed"]["counting_hook"] is None, rank
 
 
 def one_simulated_gaudi(tmp_path) -> dict:
@@ -237,7 +247,7 @@ def test_lazy_mode_with_fsdp_on_a_simulated_gaudi_stops_at_the_arguments(tmp_pat
     process in the bridge's lazy kernels (``habana_kernels/lazy_kernels.cpp``), as the simulator does."""
     tests = str(TESTS)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "RANK", "WORLD_SIZE"))}
-    env.update(PYTHONPATH=os.pathsep.join([FAKES, tests]), FAKE_HPU_DEVICE="1", FAKE_HPU_SOFTWARE="1.19")
+    env.update(PYTHONPATH=os.pathsep.join([SIMULATED_PATH, tests]), FAKE_HPU_DEVICE="1", FAKE_HPU_SOFTWARE="1.19")
     env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
     env.update(MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     command = [sys.executable, "-c", LAZY_FSDP, str(tmp_path / "out")]

@@ -17,11 +17,11 @@ import pytest
 from conftest import FAKES
 from support import SCRIPTS, job_environment, launch_command
 
-from optimum_gaudi.distributed.collective_count import flight_recorder_names_collectives
+from optimum_gaudi.distributed.collective_count import generic_flight_recorder
 
 # gloo's collectives as the report names them: torch's flight recorder's ("gloo:all_reduce on group #0 (...)"), or
 # on torch 2.6 and 2.7, whose recorder holds NCCL's only, the project's count's ("all_reduce on the default group")
-GLOO = "gloo:" if flight_recorder_names_collectives() else ""
+GLOO = "gloo:" if generic_flight_recorder() else ""  # the launched ranks turn the recorder on
 
 
 def test_every_group_the_project_makes_honours_ddp_timeout(tmp_path):

@@ -7,13 +7,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import FAKES
+from conftest import SIMULATED_PATH
 
 
 def child(code: str, **env: str) -> dict:
     """Run `code` in a fresh Python with the simulator on PYTHONPATH (as if the bridge were installed)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("PT_HPU", "FAKE_HPU", "HLS_MODULE_ID"))}
-    base = {**base, "PYTHONPATH": FAKES, **env}
+    base = {**base, "PYTHONPATH": SIMULATED_PATH, **env}
     result = subprocess.run([sys.executable, "-c", code], env=base, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -15,6 +15,9 @@ import torch.distributed as dist
 from support import SCRIPTS, job_environment
 
 from optimum_gaudi.distributed import collective_count
+from optimum_gaudi.launch.ranks import FLIGHT_RECORDER_ENV, NCCL_FLIGHT_RECORDER_ENV, enable_flight_recorder
+
+C10D = torch._C._distributed_c10d
 
 
 @pytest.fixture
@@ -25,25 +28,72 @@ def one_process_group(tmp_path, monkeypatch):
     try:
         yield
     finally:
-        collective_count.stop()
+        while collective_count.active() is not None:  # every share a test left
+            collective_count.stop()
         dist.destroy_process_group()
 
 
-def test_a_backend_with_sequence_numbers_and_a_flight_record_is_not_counted_again(tmp_path):
-    """On gloo (and NCCL) torch numbers the collectives and, from torch 2.8, its flight recorder names them: nothing
-    is replaced. On torch 2.6 and 2.7, whose recorder holds NCCL's only, gloo's are counted for their names."""
+def test_a_backend_with_sequence_numbers_and_a_flight_record_is_not_counted_again(tmp_path, monkeypatch):
+    """On gloo torch numbers the collectives and, from torch 2.8 with its flight recorder on (the training
+    arguments turn it on), the recorder names them: nothing is replaced. On torch 2.6 and 2.7, whose recorder holds
+    NCCL's only, or with the recorder off, gloo's are counted for their names."""
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         original = dist.all_reduce
         assert collective_count.backend_counts()
-        if collective_count.flight_recorder_names_collectives():
-            assert collective_count.start() is None
-            assert dist.all_reduce is original and collective_count.active() is None
-        else:
-            assert collective_count.start() is not None and dist.all_reduce is not original
+        for recorder in ("2000", "0"):
+            monkeypatch.setenv(FLIGHT_RECORDER_ENV, recorder)
+            if recorder != "0" and collective_count.generic_flight_recorder():
+                assert collective_count.start() is None
+                assert dist.all_reduce is original and collective_count.active() is None
+            else:
+                assert collective_count.start() is not None and dist.all_reduce is not original
+            collective_count.stop()
     finally:
         collective_count.stop()
         dist.destroy_process_group()
+
+
+@pytest.fixture
+def nccl_like(tmp_path, monkeypatch):
+    """A gloo group of one read as NCCL's: its backend named "nccl", numbering its collectives as gloo does (as
+    ProcessGroupNCCL's getSequenceNumberForGroup, torch's ProcessGroupNCCL.hpp), NCCL's own flight recorder a
+    stand-in (this torch may be built without NCCL, which has no ``_dump_nccl_trace_json``); recorders off."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    monkeypatch.setattr(collective_count, "_default_backend", lambda: "nccl")
+    record = {"json": b'{"entries": []}'}
+    monkeypatch.setattr(C10D, "_dump_nccl_trace_json", lambda collectives, only_active: record["json"], raising=False)
+    for name in (FLIGHT_RECORDER_ENV, NCCL_FLIGHT_RECORDER_ENV):
+        monkeypatch.delenv(name, raising=False)
+    try:
+        yield record
+    finally:
+        while collective_count.active() is not None:
+            collective_count.stop()
+        dist.destroy_process_group()
+
+
+def test_on_nccl_its_own_recorder_names_the_collectives_once_the_arguments_turn_it_on(nccl_like, monkeypatch):
+    """NCCL records into a recorder of its own (``_dump_nccl_trace_json``; gloo's, ``_dump_fr_trace_json``, holds
+    none of NCCL's: torch's ProcessGroupNCCL.cpp, FlightRecorder.cpp), sized by TORCH_NCCL_TRACE_BUFFER_SIZE alone
+    on torch 2.6 and 2.7. With the recorder off the count runs for the names; with the variables the training
+    arguments set (enable_flight_recorder, as GaudiTrainingArguments calls it) NCCL's record is read and nothing
+    is replaced. A custom backend's collectives are in no recorder of torch's (HCCL: the count)."""
+    original = dist.all_reduce
+    assert collective_count.flight_record_dump() is None
+    assert collective_count.start() is not None and dist.all_reduce is not original
+    collective_count.stop()
+    environ: dict[str, str] = {}
+    enable_flight_recorder(environ, nccl_variable=not collective_count.generic_flight_recorder())
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert collective_count.flight_record_dump() is C10D._dump_nccl_trace_json
+    assert collective_count.start() is None and dist.all_reduce is original
+    assert collective_count.flight_record_dump(
+        "hccl"
+    ) is None and not collective_count.flight_recorder_names_collectives("hccl")
+    gloo = collective_count.flight_record_dump("gloo")
+    assert gloo is (C10D._dump_fr_trace_json if collective_count.generic_flight_recorder() else None)
 
 
 def test_collectives_are_counted_per_group_with_their_call_site_and_an_object_collective_once(one_process_group):
@@ -119,3 +169,28 @@ def test_a_compiled_function_calling_a_collective_compiles_into_the_same_graph_w
     )
     assert torch.equal(torch.compile(step)(torch.ones(4)), torch.full((4,), 3.0)) and count.counts == {}
     torch._dynamo.reset()
+
+
+def hooked(model) -> bool:
+    return any(hook is collective_count._count_and_reduce for hook, _ in model._comm_hooks)
+
+
+def test_a_second_trainer_shares_the_running_count_hooks_its_own_ddp_module_and_does_not_end_the_firsts(
+    one_process_group,
+):
+    """Two trainers in one process, the second's train() inside the first's (or transformers' loop begun again by
+    --auto_find_batch_size): the second DDP module is hooked too, and its stop leaves the first's count running.
+    Before, a start while a count ran returned it without hooking the module, and the first stop ended both."""
+    original = dist.all_reduce
+    first, second = (torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2)) for _ in range(2))
+    count = collective_count.start(first)
+    assert collective_count.start(second) is count and hooked(first) and hooked(second)
+    collective_count.stop()  # the second trainer's train() ends
+    assert collective_count.active() is count and dist.all_reduce is not original
+    before = count.default_count()
+    first(torch.ones(3, 4)).sum().backward()  # the first trainer's step: its bucket all-reduce still counted
+    assert count.default_count() == before + 1 and count.last["default"].site.startswith("DDP's reducer")
+    collective_count.stop()
+    assert collective_count.active() is None and dist.all_reduce is original
+    collective_count.stop()  # one stop too many (a trainer whose start counted nothing) changes nothing
+    assert collective_count.start() is not count and collective_count.active().counts == {}  # a fresh count

@@ -109,3 +109,28 @@ def test_the_layout_describes_itself_in_one_line(tmp_path):
     )
     engine = ParallelLayout.from_arguments(arguments(tmp_path, deepspeed={"zero_optimization": {}}), world_size=4)
     assert engine.describe() == "4 processes = 4 data-parallel; DeepSpeed's engine"
+
+
+def test_host_groups_wait_an_nccl_default_groups_own_timeout(tmp_path, monkeypatch):
+    """NCCL's groups honour the timeout they are given (host_group.TIMED_BACKENDS; torch's ProcessGroupNCCL.cpp: its
+    watchdog aborts a collective past it, read there, no NCCL here): a default group read as NCCL's (a gloo group of
+    one standing in, its backend named "nccl") gives the host groups its own timeout, as a gloo one does, where an
+    hccl one gives the run's --ddp_timeout."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from optimum_gaudi.distributed import host_group
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=5))  # fmt: skip
+    try:
+        for backend, expected in (("nccl", 5), ("hccl", 7)):
+            monkeypatch.setattr(host_group, "_backend_of", lambda group, device, name=backend: name)
+            assert host_group.group_timeout(7) == timedelta(seconds=expected), backend
+            layout = ParallelLayout(world_size=1, ddp_timeout=7)
+            made = layout.host_group()._get_backend(torch.device("cpu")).options._timeout
+            assert made == timedelta(seconds=expected), backend
+    finally:
+        dist.destroy_process_group()

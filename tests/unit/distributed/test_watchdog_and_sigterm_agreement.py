@@ -410,3 +410,47 @@ def test_a_rank_stopped_as_a_step_ended_is_named_as_stopped_not_behind(tmp_path)
     dog._last_progress -= 6.5
     dog._tick()
     assert [v["ranks"] for v in verdicts] == [[1]] and "went on to the next collective" in verdicts[0]["why"]
+
+
+RECORD = """
+import sys, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+dist.all_reduce(torch.ones(2))
+dist.all_reduce(torch.ones(3))
+sys.stdout.write(torch._C._distributed_c10d._dump_fr_trace_json(True, True).decode())
+"""
+
+
+def test_on_nccl_the_report_names_the_collective_from_ncclS_own_recorder(tmp_path, monkeypatch):
+    """ "waiting in" on an NCCL default group reads NCCL's recorder (``_dump_nccl_trace_json``), not gloo's
+    (``_dump_fr_trace_json``, which holds none of NCCL's). The record is a real one, written by torch's recorder
+    for gloo (torch 2.8+ writes both recorders' JSON with one template, FlightRecorderDetail.hpp's ``dump_json``;
+    2.6's NCCL one has the same keys, FlightRecorder.cpp), its status set as a rank stuck in its second
+    collective has it. No NCCL runs here."""
+    import subprocess
+    import sys
+
+    import pytest
+    import torch
+
+    from optimum_gaudi.distributed import collective_count, watchdog
+    from optimum_gaudi.launch.ranks import FLIGHT_RECORDER_ENV
+
+    if not collective_count.generic_flight_recorder():
+        pytest.skip("torch < 2.8 has no recorder for gloo to write a record with")
+    env = {**os.environ, FLIGHT_RECORDER_ENV: "100"}
+    written = subprocess.run([sys.executable, "-c", RECORD, str(tmp_path / "store")], env=env, capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+    assert written.returncode == 0, written.stderr
+    record = json.loads(written.stdout)
+    record["pg_status"]["0"]["last_completed_collective"] = "1"  # collective 2 never completed on this rank
+    c10d = torch._C._distributed_c10d
+    monkeypatch.setattr(c10d, "_dump_nccl_trace_json", lambda *flags: json.dumps(record).encode(), raising=False)
+    monkeypatch.setattr(c10d, "_dump_fr_trace_json", lambda *flags: b'{"entries": []}')  # gloo's: none of NCCL's
+    monkeypatch.setattr(collective_count, "_default_backend", lambda: "nccl")
+    monkeypatch.setenv(FLIGHT_RECORDER_ENV, "100")
+    wait = watchdog._recorded_wait()
+    assert wait.startswith("gloo:all_reduce on group default_pg (its collective 2, issued ")
+    assert wait.endswith("input sizes [[3]]; torch's flight recorder)")
+    monkeypatch.setattr(collective_count, "_default_backend", lambda: "gloo")  # the same record is not gloo's
+    assert watchdog._recorded_wait() is None
