@@ -35,7 +35,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from transformers import HfArgumentParser, TrainerCallback  # noqa: E402
 
-from optimum_gaudi.distributed import collective_count  # noqa: E402
+from optimum_gaudi.supervision import collective_count  # noqa: E402
 
 STALL_STEP = 7
 
@@ -49,7 +49,7 @@ class Record(TrainerCallback):
         self.times: list[float] = []
         self.ends: list[float] = []  # perf_counter at each step's end (before the watchdog's own step end)
         self.cpu_ends: list[float] = []  # this process's CPU time (every thread's) at each step's end
-        self.counted = False  # the project's collective count ran (distributed/collective_count.py)
+        self.counted = False  # the project's collective count ran (supervision/collective_count.py)
 
     def _append(self, name: str, record: dict) -> None:
         with open(self.out / name, "a") as f:
@@ -97,7 +97,7 @@ class Record(TrainerCallback):
 
 def agreement(out: Path, repeats: int = 300) -> None:
     """Per step, what each rank paid to agree on SIGTERM: before, an all-reduce over a gloo group of every rank;
-    now, one look at the job's store (distributed/agreement.py)."""
+    now, one look at the job's store (supervision/agreement.py)."""
     dist.init_process_group("gloo")
     group = dist.new_group(backend="gloo")
     store = dist.distributed_c10d._get_default_store()
@@ -164,7 +164,7 @@ def main() -> None:
         os._exit(0)
     import tiny
 
-    import optimum_gaudi.trainers.supervision as supervision
+    import optimum_gaudi.supervision.run as supervision
     from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 
     if mode == "speed-off":  # the same run without the watchdog and the straggler figures

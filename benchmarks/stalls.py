@@ -10,7 +10,7 @@ recovery   optimum-gaudi launch --max_restarts 1, steps of about 1 s (a 1 s paus
 drill      issue 46's at the scale users run: 8 processes on simulated Gaudis, a tiny Llama: one rank stopped,
            one in a collective never joined (each reported and resumed: recovery rows), one whose step 2 (a step
            that may compile) lasts 5 x the 60 s floor: it must end with no verdict (false fires).
-counting   the project's collective count (distributed/collective_count.py, on where the backend keeps none):
+counting   the project's collective count (supervision/collective_count.py, on where the backend keeps none):
            what it adds to one collective, in process on a gloo group of one, against a step.
 overhead   4 processes, a 4-layer GPT-2 without pauses, --logging_steps 1 (the straggler gather at every step):
            median step time with the watchdog and straggler figures, and without (interleaved runs).
@@ -130,7 +130,7 @@ def counting_cost(repeats: int = 2000) -> dict:
     import torch
     import torch.distributed as dist
 
-    from optimum_gaudi.distributed import collective_count
+    from optimum_gaudi.supervision import collective_count
 
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)

@@ -51,6 +51,14 @@ MOVED = {
     "optimum_gaudi.features.op_list_check": "optimum_gaudi.precision.op_list_check",
     # 0.2: model preparation left features/: its pipeline for optimum_gaudi.preparation, its seams for optimum_gaudi.seam
     "optimum_gaudi.features.preparation": "optimum_gaudi.seam",
+    # 0.2: run supervision in one folder
+    "optimum_gaudi.trainers.preemption": "optimum_gaudi.supervision.preemption",
+    "optimum_gaudi.trainers.nonfinite": "optimum_gaudi.supervision.nonfinite",
+    "optimum_gaudi.trainers.watch": "optimum_gaudi.supervision.watch",
+    "optimum_gaudi.trainers.stragglers": "optimum_gaudi.supervision.stragglers",
+    "optimum_gaudi.distributed.watchdog": "optimum_gaudi.supervision.watchdog",
+    "optimum_gaudi.distributed.agreement": "optimum_gaudi.supervision.agreement",
+    "optimum_gaudi.distributed.collective_count": "optimum_gaudi.supervision.collective_count",
 }
 PUBLIC = {
     "optimum_gaudi.trl": "optimum_gaudi.trainers.trl",

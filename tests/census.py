@@ -25,8 +25,8 @@ ISSUERS = (
     ("sequence parallelism", ("optimum_gaudi.distributed.sequence_parallel",)),
     ("streamed final save", ("optimum_gaudi.distributed.full_weights",)),
     ("fused linear cross-entropy", ("optimum_gaudi.features.linear_cross_entropy",)),
-    ("non-finite guard", ("optimum_gaudi.trainers.nonfinite",)),
-    ("preemption agreement", ("optimum_gaudi.trainers.preemption",)),
+    ("non-finite guard", ("optimum_gaudi.supervision.nonfinite",)),
+    ("preemption agreement", ("optimum_gaudi.supervision.preemption",)),
     ("sharded checkpoints", ("optimum_gaudi.checkpoints",)),
     ("torch.distributed.checkpoint", ("torch.distributed.checkpoint",)),
     # the trainer's whole-model norm of FSDP2's partial one (torch < 2.8) is clipping's too

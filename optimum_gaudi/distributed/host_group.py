@@ -10,7 +10,7 @@ torch's default of 30 minutes whatever the default group was given, so a rank th
 rank that long. gloo and NCCL groups honour it; the Gaudi bridge's HCCL groups take no timeout at all (its
 ``_create_process_group_hccl`` drops it, ``ProcessGroupHCCL``'s ``wait`` ignores one, its barrier polls the store
 with no deadline): on a Gaudi the sequence-parallel groups and the default group wait for ever, and only the
-progress watchdog (``distributed/watchdog.py``) ends a stall there.
+progress watchdog (``supervision/watchdog.py``) ends a stall there.
 """
 
 from __future__ import annotations

@@ -357,7 +357,7 @@ def launch(args: argparse.Namespace) -> int:
         env[LAUNCH_USER_ERROR_ENV] = os.path.join(private, "user_error.txt")
         env[STALL_LINE_ENV] = os.path.join(
             private, "stall.txt"
-        )  # the progress watchdog's line (distributed/watchdog.py)
+        )  # the progress watchdog's line (supervision/watchdog.py)
         enable_flight_recorder(env)  # its report names the collective each rank waits in
         if plan.backend == "torchrun":  # how long torchrun waits for its ranks after a stop signal
             env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(plan.grace_period)

@@ -1,5 +1,5 @@
 """What ``optimum-gaudi launch`` and its ranks tell each other: the environment it gives them, the exit code of a
-rank that ended on a stall. Read by both sides (the launcher, distributed/watchdog.py), so torch-free.
+rank that ended on a stall. Read by both sides (the launcher, supervision/watchdog.py), so torch-free.
 
 A user error's line travels the same way (``errors.LAUNCH_USER_ERROR_ENV``), defined in errors.py because
 ``run_main`` writes it.

@@ -6,7 +6,7 @@ stopped by a signal it raises ``SignalException``. Here neither is printed: the 
 the file named by ``OPTIMUM_GAUDI_LAUNCH_REPORT`` and the launcher ends the job with one line naming the rank.
 When a rank ended on a user error (it left its line for the launcher, errors.py), torchrun's lines about the
 failed rank and stopping the others are left out too: the launcher prints that one line. When the ranks were
-preempted (each got SIGTERM, wrote its checkpoint and exited 143, trainers/preemption.py) the job exits 143 too:
+preempted (each got SIGTERM, wrote its checkpoint and exited 143, supervision/preemption.py) the job exits 143 too:
 a scheduler reads that as a preemption, where 1 reads as a failure.
 """
 
@@ -21,7 +21,7 @@ import sys
 from ..errors import LAUNCH_USER_ERROR_ENV
 
 REPORT_ENV = "OPTIMUM_GAUDI_LAUNCH_REPORT"
-PREEMPTED = 128 + signal.SIGTERM  # a rank's exit code after SIGTERM and its checkpoint (trainers/preemption.py)
+PREEMPTED = 128 + signal.SIGTERM  # a rank's exit code after SIGTERM and its checkpoint (supervision/preemption.py)
 _WORKER_LOGGER = "torch.distributed.elastic.multiprocessing.api"  # "failed (exitcode: ...)", "Sending process ..."
 
 

@@ -35,10 +35,10 @@ from ..checkpoints import (
 from ..distributed import full_weights
 from ..distributed.layout import ParallelLayout
 from ..precision.plan import PrecisionPlan
+from ..supervision.nonfinite import IGNORE
+from ..supervision.preemption import Preemption, exit_after_checkpoint
 from .checkpoint_size import check_room_for_a_checkpoint
 from .compat import nested_gather
-from .nonfinite import IGNORE
-from .preemption import Preemption, exit_after_checkpoint
 
 logger = logging.getLogger(__name__)
 

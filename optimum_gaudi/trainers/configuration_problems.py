@@ -40,7 +40,7 @@ from ..distributed.layout import argument_problem as layout_problem
 from ..features import attention
 from ..features.compilation import check_compile_flags, compile_choice_problem
 from ..precision.plan import argument_problem as precision_problem
-from .nonfinite import ON_NONFINITE
+from ..supervision.nonfinite import ON_NONFINITE
 
 logger = logging.getLogger(__name__)
 

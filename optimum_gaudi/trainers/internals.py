@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..distributed.collective_count import COLLECTIVES
 from ..errors import UserError
+from ..supervision.collective_count import COLLECTIVES
 from .compat import TRAINER_HOOKS
 
 # What an internal is, and how its presence is checked without an instance at hand:
@@ -120,7 +120,7 @@ INTERNALS: tuple[Internal, ...] = (
              "replaced on the run's Accelerator: fast_ddp's marker taken off before accelerate's own unwrapping"),
     Internal("accelerate:Accelerator", "clip_grad_norm_", "callable", ("trainers/compat.py",),
              "replaced on the run's Accelerator (transformers < 5.3): the loop's clipping goes through _clip_grad_norm"),
-    Internal("accelerate.optimizer:AcceleratedOptimizer", "step", "callable", ("trainers/nonfinite.py",),
+    Internal("accelerate.optimizer:AcceleratedOptimizer", "step", "callable", ("supervision/nonfinite.py",),
              "replaced for one step: a skipped non-finite step is a no-op"),
     Internal("accelerate.utils:FullyShardedDataParallelPlugin", "transformer_cls_names_to_wrap", "attribute",
              ("distributed/fsdp.py",), "written after the plugin is made: the layer classes this model has"),
@@ -144,7 +144,7 @@ INTERNALS: tuple[Internal, ...] = (
              ("distributed/sequence_parallel.py",), "written: as for BatchSamplerShard"),
     Internal("accelerate.data_loader:IterableDatasetShard", "process_index", "instance",
              ("distributed/sequence_parallel.py",), "written: as for BatchSamplerShard"),
-    Internal("accelerate.optimizer:AcceleratedOptimizer", "_is_overflow", "instance", ("trainers/nonfinite.py",),
+    Internal("accelerate.optimizer:AcceleratedOptimizer", "_is_overflow", "instance", ("supervision/nonfinite.py",),
              "written: a skipped non-finite step reads as skipped, so the scheduler is left alone"),
     # ---- peft and TRL (checked where loaded) -----------------------------------------------------------------
     Internal("peft:AdaLoraConfig", "__post_init__", "callable", ("features/adalora.py",),
@@ -157,7 +157,7 @@ INTERNALS: tuple[Internal, ...] = (
              "overridden: prompts cut to max_prompt_length as TRL < 1 cut them", "loaded"),
     # ---- torch -----------------------------------------------------------------------------------------------
     Internal("torch", "_C", "module", ("precision/op_lists.py", "precision/autocast.py",
-             "features/linear_cross_entropy.py", "devices/base.py", "distributed/collective_count.py"),
+             "features/linear_cross_entropy.py", "devices/base.py", "supervision/collective_count.py"),
              "the dispatcher and c10d bindings"),
     Internal("torch._C", "_ExcludeDispatchKeyGuard", "class", ("precision/autocast.py",),
              "op-list autocast: a cast kernel calls the op below the autocast key"),
@@ -185,11 +185,11 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("torch.distributed.fsdp._fully_shard._fsdp_param_group:FSDPParamGroup", "reduce_scatter_reduce_op",
              "instance", ("distributed/fsdp.py",), "written on torch < 2.8: SUM, passed to the reduce-scatter as is",
              when="loaded", required=False),
-    Internal("torch._C", "_distributed_c10d", "module", ("distributed/collective_count.py",), "the flight recorder"),
-    Internal("torch._C._distributed_c10d", "_dump_fr_trace_json", "callable", ("distributed/collective_count.py",),
+    Internal("torch._C", "_distributed_c10d", "module", ("supervision/collective_count.py",), "the flight recorder"),
+    Internal("torch._C._distributed_c10d", "_dump_fr_trace_json", "callable", ("supervision/collective_count.py",),
              "the watchdog's report names the collective each gloo rank waits in (torch 2.8+; before, the project's "
              "count)", required=False),
-    Internal("torch._C._distributed_c10d", "_dump_nccl_trace_json", "callable", ("distributed/collective_count.py",),
+    Internal("torch._C._distributed_c10d", "_dump_nccl_trace_json", "callable", ("supervision/collective_count.py",),
              "the watchdog's report names the collective each NCCL rank waits in (NCCL's own recorder; a build "
              "without NCCL lacks it)", required=False),
     Internal("torch._C._distributed_c10d:Backend.Options", "_timeout", "attribute", ("distributed/host_group.py",),
@@ -207,11 +207,11 @@ INTERNALS: tuple[Internal, ...] = (
              "op-list autocast's kernels removed when the trainer is done"),
     Internal("torch", "_foreach_copy_", "callable", ("distributed/fast_ddp.py",),
              "fast_ddp: gradients copied into and out of the fused buffer in one call"),
-    Internal("torch", "_dynamo", "module", ("features/compilation.py", "trainers/watch.py"),
+    Internal("torch", "_dynamo", "module", ("features/compilation.py", "supervision/watch.py"),
              "dynamo's config (optimum-habana's flags), graph counters and compile callbacks"),
     Internal("torch._dynamo.utils", "counters", "attribute", ("features/compilation.py",),
              "the graphs torch.compile built, counted and named"),
-    Internal("torch._dynamo.callback", "callback_handler", "attribute", ("trainers/watch.py",),
+    Internal("torch._dynamo.callback", "callback_handler", "attribute", ("supervision/watch.py",),
              "compilations do not count as a stall", required=False),
     Internal("torch._dynamo.eval_frame:OptimizedModule", "_orig_mod", "instance", ("precision/op_list_check.py",),
              "read: a compiled model is recognised"),
@@ -226,25 +226,25 @@ INTERNALS: tuple[Internal, ...] = (
              "static batches refuse models with batch norm, whose padded rows would change the statistics"),
     Internal("torch.autograd", "_profiler_enabled", "callable", ("features/profiling.py",),
              "profiling regions recorded only while a profiler runs"),
-    Internal("torch.amp.grad_scaler", "_refresh_per_optimizer_state", "callable", ("trainers/nonfinite.py",),
+    Internal("torch.amp.grad_scaler", "_refresh_per_optimizer_state", "callable", ("supervision/nonfinite.py",),
              "a skipped step's unscaling forgotten by the gradient scaler"),
-    Internal("torch.amp.grad_scaler:GradScaler", "_per_optimizer_states", "instance", ("trainers/nonfinite.py",),
+    Internal("torch.amp.grad_scaler:GradScaler", "_per_optimizer_states", "instance", ("supervision/nonfinite.py",),
              "written: as _refresh_per_optimizer_state", required=False),
     Internal("torch.utils", "_pytree", "module", ("devices/base.py", "devices/cuda.py"),
              "tree_map_only, tree_flatten, tree_unflatten over nested batches"),
     Internal(_C10D, "_set_pg_timeout", "callable", ("distributed/host_group.py",),
              "--ddp_timeout given to the default group where transformers left it out", required=False),
-    Internal(_C10D, "_get_default_store", "callable", ("distributed/agreement.py",),
+    Internal(_C10D, "_get_default_store", "callable", ("supervision/agreement.py",),
              "the ranks' agreements (preemption) through the default group's store"),
     Internal("torch.distributed:ProcessGroup", "_get_backend", "callable", ("distributed/host_group.py",),
              "read: the default group's timeout"),
     Internal("torch.distributed:ProcessGroup", "_device_types", "attribute", ("distributed/host_group.py",),
              "read: the default group's backends", required=False),
     Internal("torch.distributed:ProcessGroup", "_get_sequence_number_for_group", "callable",
-             ("distributed/watchdog.py", "distributed/collective_count.py"),
+             ("supervision/watchdog.py", "supervision/collective_count.py"),
              "the watchdog's report: how many collectives each rank issued (asked whether the backend counts)"),
     Internal("torch.nn.parallel:DistributedDataParallel", "_comm_hooks", "instance",
-             ("distributed/collective_count.py",),
+             ("supervision/collective_count.py",),
              "read: whether a DDP module has a communication hook already (the collective count adds none then)",
              required=False),
     # ---- others --------------------------------------------------------------------------------------------
@@ -256,7 +256,7 @@ INTERNALS: tuple[Internal, ...] = (
     for hook in TRAINER_HOOKS
     if hook.startswith("_")
 ) + tuple(
-    Internal(_C10D, name, "callable", ("distributed/collective_count.py",),
+    Internal(_C10D, name, "callable", ("supervision/collective_count.py",),
              "replaced (here and in torch.distributed) while the watchdog counts collectives on a backend that keeps "
              "no count", required=False)
     for name in COLLECTIVES

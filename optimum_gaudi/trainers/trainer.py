@@ -47,12 +47,12 @@ from ..features.table import feature_table
 from ..features.unused_parameters import unused_parameters
 from ..precision.plan import PrecisionPlan
 from ..preparation import ModelPreparation
+from ..supervision.run import RunSupervision
 from .checkpointing import Checkpointing
 from .compat import TrainerShims, check_trainer_hooks
 from .events import InternalCallbackHandler
 from .internals import check_internals
 from .plan_check import check_the_plan
-from .supervision import RunSupervision
 from .training_args import GaudiTrainingArguments, GaudiTrainingArgumentsMixin, check_report_to
 
 logger = logging.getLogger(__name__)
@@ -490,7 +490,7 @@ class GaudiTrainerMixin(TrainerShims):
         norm = self._clip_with_the_device(model)
         if callable(getattr(norm, "full_tensor", None)):  # a DTensor: FSDP2's norm on torch < 2.8 is left partial
             norm = norm.full_tensor()  # the whole model's, as logged elsewhere, not this rank's shards' (1/sqrt(2))
-        self._supervision.note_grad_norm(norm)  # checked before the optimizer step (trainers/nonfinite.py)
+        self._supervision.note_grad_norm(norm)  # checked before the optimizer step (supervision/nonfinite.py)
         return norm
 
     def _clip_with_the_device(self, model: nn.Module):
@@ -510,7 +510,7 @@ class GaudiTrainerMixin(TrainerShims):
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         """Resumes only from a complete checkpoint that fits the model (``True``: the newest complete one); with
         ``overwrite_output_dir`` and no resume, first deletes the checkpoints of the previous run. Supervised
-        (trainers/supervision.py) from start to end."""
+        (supervision/run.py) from start to end."""
         checkpoint = self._checkpointing.before_training(resume_from_checkpoint)
         check_the_plan(self)  # a run whose memory plan does not fit its card: one line before step 1 (--ignore_plan)
         with self._supervision.installed(self) as preemption:

@@ -24,7 +24,6 @@ from transformers import TrainingArguments
 from ..configuration.gaudi_config import GaudiConfig
 from ..devices import CPUDevice, Device, check_torch_release, detect_device
 from ..devices.hpu import bridge_installed, prepare_bridge
-from ..distributed import collective_count
 from ..distributed.fsdp import fsdp2_config, read_fsdp_config
 from ..distributed.host_group import honour_timeout
 from ..distributed.layout import ParallelLayout
@@ -33,6 +32,7 @@ from ..features import attention
 from ..features.compilation import apply_dynamo_options
 from ..launch.ranks import enable_flight_recorder
 from ..precision.op_lists import config_uses_op_lists, resolve_op_lists
+from ..supervision import collective_count
 from .configuration_problems import (
     DEFAULT_MAX_HPU_GRAPHS,
     DISTRIBUTION_STRATEGIES,

@@ -27,7 +27,7 @@ INTEGRATION=(
 	tests/integration/distributed/test_fast_ddp.py
 	tests/integration/distributed/test_fsdp_trainings.py
 	tests/integration/distributed/test_sequence_parallel_trainings.py
-	tests/integration/distributed/test_stalled_slow_or_diverging_ranks.py
+	tests/integration/supervision/test_stalled_slow_or_diverging_ranks.py
 	tests/integration/checkpoints/test_sharded_checkpoints_launches.py
 	tests/integration/checkpoints/test_resumed_trainings.py
 	tests/integration/features/test_linear_cross_entropy.py

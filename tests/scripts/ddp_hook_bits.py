@@ -1,4 +1,4 @@
-"""DDP's gradients with optimum-gaudi's counting hook (distributed/collective_count.py) and without, on 3 gloo
+"""DDP's gradients with optimum-gaudi's counting hook (supervision/collective_count.py) and without, on 3 gloo
 processes (issue 46, point 4).
 
     ddp_hook_bits.py OUT.json
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from optimum_gaudi.distributed import collective_count
+from optimum_gaudi.supervision import collective_count
 
 WORLD = 3
 

@@ -119,8 +119,8 @@ def final_model(trainer: GaudiTrainer, folder: str) -> dict:
 
 def counting_hook(model) -> bool | None:
     """Whether a DDP module carries the collective count's hook (installed where the backend numbers no collectives,
-    as the simulated hccl: distributed/collective_count.py); None for a model DDP did not wrap."""
-    from optimum_gaudi.distributed.collective_count import _count_and_reduce
+    as the simulated hccl: supervision/collective_count.py); None for a model DDP did not wrap."""
+    from optimum_gaudi.supervision.collective_count import _count_and_reduce
 
     hooks = getattr(model, "_comm_hooks", None)
     return None if hooks is None else any(hook is _count_and_reduce for hook, _ in hooks)

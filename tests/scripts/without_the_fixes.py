@@ -27,9 +27,9 @@ LAUNCH, LAUNCH_JOBS = "unit/launch/test_launch_settings.py", "integration/launch
 FSDP = "integration/distributed/test_fsdp_trainings.py"
 COMMANDS = "integration/optimum_habana/test_optimum_habana_commands.py"
 USER_SETTINGS = "unit/devices/test_hpu_user_settings.py"
-STALLS = "unit/distributed/test_watchdog_and_sigterm_agreement.py"
-COUNT = "unit/distributed/test_collective_count.py"
-WATCH = "unit/trainers/test_watch.py"
+STALLS = "unit/supervision/test_watchdog_and_sigterm_agreement.py"
+COUNT = "unit/supervision/test_collective_count.py"
+WATCH = "unit/supervision/test_watch.py"
 
 
 @dataclass(frozen=True)
@@ -169,19 +169,19 @@ UNDOS = (
                                        "    if False:"),),
          (f"{COMMANDS}::test_fsdp_and_long_sequence_commands_train_as_ddp_on_simulated_gaudis[2]",), device=False),
     # issue 38: a rank stopped before its watchdog's first tick (CI once saw the other rank name itself)
-    Undo("watchdog-first-beat", "38.2", (("optimum_gaudi/distributed/watchdog.py",
+    Undo("watchdog-first-beat", "38.2", (("optimum_gaudi/supervision/watchdog.py",
                                           "        with contextlib.suppress(StoreGone):\n            self._publish()\n",
                                           ""),
-                                         ("optimum_gaudi/distributed/watchdog.py",
+                                         ("optimum_gaudi/supervision/watchdog.py",
                                           "            return self._armed and now - self._armed_at >= self.limit",
                                           "            return False"),),
          (f"{STALLS}::test_a_rank_stopped_before_its_watchdogs_first_tick_is_named_as_stopped",), device=False),
-    Undo("watchdog-hold", "38.2", (("optimum_gaudi/distributed/watchdog.py",
+    Undo("watchdog-hold", "38.2", (("optimum_gaudi/supervision/watchdog.py",
                                     "        if self._ending.is_set():\n            threading.Event().wait()\n",
                                     "        pass\n"),),
          (f"{STALLS}::test_once_a_verdict_is_known_the_training_loop_makes_no_more_progress",), device=False),
     # issue 39's CI: a stopped rank continued before the others wrote their reports moved them on
-    Undo("watchdog-continue-last", "38.2", (("optimum_gaudi/distributed/watchdog.py",
+    Undo("watchdog-continue-last", "38.2", (("optimum_gaudi/supervision/watchdog.py",
                                              '        self._wait_for([self._key(f"done/{r}") for r in others if not '
                                              "self._frozen(r, now)], ticks + 5)\n", ""),),
          (f"{STALLS}::test_a_stopped_rank_is_continued_only_once_every_running_rank_wrote_where_it_waits",),
@@ -210,89 +210,89 @@ UNDOS = (
          ("unit/distributed/test_parallel_layout.py::"
           "test_host_groups_wait_the_runs_timeout_not_what_an_hccl_default_group_holds",), device=False),
     # issue 46: a step fp16's gradient scaler skips for an overflow is left to it
-    Undo("nonfinite-scaler-overflow", "46.6", (("optimum_gaudi/trainers/nonfinite.py",
+    Undo("nonfinite-scaler-overflow", "46.6", (("optimum_gaudi/supervision/nonfinite.py",
                                                 "            if self._scaler_found_inf():", "            if False:"),),
-         ("unit/trainers/test_nonfinite.py::test_steps_the_gradient_scaler_skips_for_an_overflow_are_left_to_it",),
+         ("unit/supervision/test_nonfinite.py::test_steps_the_gradient_scaler_skips_for_an_overflow_are_left_to_it",),
          device=False),
     # issue 46: a step that may compile, and every pause, is watched with the long limit, here and on the ranks
     # waiting for it
-    Undo("watchdog-compile-limit", "46.3", (("optimum_gaudi/distributed/watchdog.py",
+    Undo("watchdog-compile-limit", "46.3", (("optimum_gaudi/supervision/watchdog.py",
                                              "        return self._paused if self._paused is not None else COMPILING "
                                              "if self._compiling is not None else None",
                                              "        return self._paused"),),
          (f"{STALLS}::test_a_step_that_may_compile_is_watched_with_the_long_limit_on_every_rank",), device=False),
-    Undo("watchdog-compiling-peer", "46.3", (("optimum_gaudi/distributed/watchdog.py",
+    Undo("watchdog-compiling-peer", "46.3", (("optimum_gaudi/supervision/watchdog.py",
                                               "windows = [b.paused or COMPILING for b in others if b.paused or "
                                               "b.compiling]", "windows = [b.paused for b in others if b.paused]"),
-                                             ("optimum_gaudi/distributed/watchdog.py",
+                                             ("optimum_gaudi/supervision/watchdog.py",
                                               "        limit = self.window_limit(COMPILING) if compiling else "
                                               "self.limit", "        limit = self.limit"),),
          (f"{STALLS}::test_a_step_that_may_compile_is_watched_with_the_long_limit_on_every_rank",), device=False),
-    Undo("watch-compiling-steps", "46.3", (("optimum_gaudi/trainers/watch.py",
+    Undo("watch-compiling-steps", "46.3", (("optimum_gaudi/supervision/watch.py",
                                             "        if self._steps_begun <= self._compiling_first_steps:",
                                             "        if False:"),),
          (f"{STALLS}::test_on_a_gaudi_the_first_three_steps_of_each_process_and_new_shapes_are_compiling_steps",
-          "integration/distributed/test_stalled_slow_or_diverging_ranks.py::test_on_simulated_gaudis_a_long_compile_"
+          "integration/supervision/test_stalled_slow_or_diverging_ranks.py::test_on_simulated_gaudis_a_long_compile_"
           "in_step_2_never_fires_and_a_stall_in_step_3_fires_after_the_long_limit"), device=False),
-    Undo("watchdog-bounded-pauses", "46.2", (("optimum_gaudi/distributed/watchdog.py",
+    Undo("watchdog-bounded-pauses", "46.2", (("optimum_gaudi/supervision/watchdog.py",
                                               "        if stalled_for < (self.window_limit(window) if window is not "
                                               "None else self.limit):\n",
                                               "        if self._paused is not None or stalled_for < (self.window_"
                                               "limit(window) if window is not None else self.limit):\n"),
-                                             ("optimum_gaudi/distributed/watchdog.py",
+                                             ("optimum_gaudi/supervision/watchdog.py",
                                               "        if windows and stalled_for < max(map(self.window_limit, "
                                               "windows)):\n",
                                               "        if any(b.paused for b in others) or windows and stalled_for < "
                                               "max(map(self.window_limit, windows)):\n"),),
          (f"{STALLS}::test_a_hang_in_the_first_step_a_save_or_an_evaluation_fires_after_the_long_limit",),
          device=False),
-    Undo("watchdog-window-limits", "46.2", (("optimum_gaudi/distributed/watchdog.py",
+    Undo("watchdog-window-limits", "46.2", (("optimum_gaudi/supervision/watchdog.py",
                                              "WINDOW_FACTOR * self.longest.get(window or \"\", 0.0))",
                                              "WINDOW_FACTOR * max(self.longest.values(), default=0.0))"),),
          (f"{STALLS}::test_each_window_has_a_limit_of_its_own_from_the_runs_measured_times_above_a_floor",),
          device=False),
     # a rank stopped as a step ended read as 'behind' a tick before its silence reached the limit (4-rank stall test)
-    Undo("watchdog-silent-at-the-stall", "46.1", (("optimum_gaudi/distributed/watchdog.py",
+    Undo("watchdog-silent-at-the-stall", "46.1", (("optimum_gaudi/supervision/watchdog.py",
                                                    "        silent = [rank for rank in behind if rank != self.rank and "
                                                    "self._silent_since_the_stall(rank, now)]",
                                                    "        silent = []"),),
          (f"{STALLS}::test_a_rank_stopped_as_a_step_ended_is_named_as_stopped_not_behind",), device=False),
     # issue 46: where the backend keeps no collective count (HCCL) the project's own tells the ranks apart, and DDP's
     # counting hook keeps the reducer's bits
-    Undo("collective-count", "46.4", (("optimum_gaudi/distributed/watchdog.py",
+    Undo("collective-count", "46.4", (("optimum_gaudi/supervision/watchdog.py",
                                        "    return count.default_count() if count is not None else -1",
                                        "    return -1"),
-                                      ("optimum_gaudi/distributed/watchdog.py",
+                                      ("optimum_gaudi/supervision/watchdog.py",
                                        "    counted = count.waiting_in() if count is not None else None",
                                        "    counted = None"),),
-         ("integration/distributed/test_stalled_slow_or_diverging_ranks.py::test_a_collective_the_others_never_join_"
+         ("integration/supervision/test_stalled_slow_or_diverging_ranks.py::test_a_collective_the_others_never_join_"
           "within_a_step_names_its_rank_on_simulated_gaudis_as_on_gloo",), device=False),
-    Undo("collective-count-compiling", "46.4", (("optimum_gaudi/distributed/collective_count.py",
+    Undo("collective-count-compiling", "46.4", (("optimum_gaudi/supervision/collective_count.py",
                                                  "        if compiling() or count is None or _depth.n:",
                                                  "        if count is None or _depth.n:"),),
          (f"{COUNT}::test_a_compiled_function_calling_a_collective_compiles_into_the_same_graph_with_the_count_on",),
          device=False),
-    Undo("ddp-hook-scaling", "46.4", (("optimum_gaudi/distributed/collective_count.py",
+    Undo("ddp-hook-scaling", "46.4", (("optimum_gaudi/supervision/collective_count.py",
                                        "    buffer.mul_(1.0 / group.size())", "    buffer.div_(group.size())"),),
          (f"{COUNT}::test_the_counting_hook_gives_ddps_gradients_bit_for_bit_and_is_refused_where_it_could_not",),
          device=False),
-    Undo("ddp-hook-refused", "46.4", (("optimum_gaudi/distributed/collective_count.py",
+    Undo("ddp-hook-refused", "46.4", (("optimum_gaudi/supervision/collective_count.py",
                                        "    return not gradient_as_bucket_view or group_size & (group_size - 1) == 0",
                                        "    return True"),),
          (f"{COUNT}::test_the_counting_hook_gives_ddps_gradients_bit_for_bit_and_is_refused_where_it_could_not",),
          device=False),
     # two trainers in one process share the count; a training loop begun again ends its first watchdog
-    Undo("count-shared", "46.4", (("optimum_gaudi/distributed/collective_count.py", "    _users += 1\n",
+    Undo("count-shared", "46.4", (("optimum_gaudi/supervision/collective_count.py", "    _users += 1\n",
                                    "    _users = 1\n"),),
          (f"{COUNT}::test_a_second_trainer_shares_the_running_count_hooks_its_own_ddp_module_and_does_not_end_the_"
           "firsts",), device=False),
-    Undo("watch-begun-again", "46.4", (("optimum_gaudi/trainers/watch.py",
+    Undo("watch-begun-again", "46.4", (("optimum_gaudi/supervision/watch.py",
                                         "        self.stop()\n        store = default_store()",
                                         "        store = default_store()"),),
          (f"{WATCH}::test_a_training_loop_begun_again_ends_its_first_watchdog_and_counts_the_new_ddp_module",),
          device=False),
     # on NCCL the report reads NCCL's own flight recorder, which gloo's does not hold
-    Undo("nccl-recorder", "46.4", (("optimum_gaudi/distributed/collective_count.py",
+    Undo("nccl-recorder", "46.4", (("optimum_gaudi/supervision/collective_count.py",
                                     '        dump = getattr(c10d, "_dump_nccl_trace_json", None)\n',
                                     '        dump = getattr(c10d, "_dump_fr_trace_json", None)\n'),),
          (f"{STALLS}::test_on_nccl_the_report_names_the_collective_from_ncclS_own_recorder",

@@ -30,8 +30,9 @@ ALLOWED = {
     "devices": {"errors", "precision", "configuration"},
     "launch": {"errors", "precision", "configuration"},  # and no torch: test_the_launcher_loads_without_torch
     "features": {"errors", "seam", "precision", "configuration", "devices"},
-    # launch: what the launcher tells its ranks (launch/ranks.py), read by the watchdog
-    "distributed": {"errors", "seam", "precision", "configuration", "devices", "launch"},
+    "distributed": {"errors", "seam", "precision", "configuration", "devices"},
+    # run supervision: preemption, the non-finite guard, the watchdog and its collective count, stragglers
+    "supervision": {"errors", "launch"},  # launch: what the launcher tells its ranks (launch/ranks.py)
     # model preparation's stages, in order: above the features and the parallelism they apply
     "preparation": {"errors", "seam", "precision", "configuration", "devices", "features", "distributed"},
     "trainers": {
@@ -42,6 +43,7 @@ ALLOWED = {
         "features",
         "distributed",
         "preparation",
+        "supervision",
         "seam",
         "checkpoints",
         "launch",

@@ -9,7 +9,7 @@ import json
 import census
 import pytest
 
-NONFINITE = ["optimum_gaudi.trainers.nonfinite:_spike", "optimum_gaudi.trainers.nonfinite:_problem",
+NONFINITE = ["optimum_gaudi.supervision.nonfinite:_spike", "optimum_gaudi.supervision.nonfinite:_problem",
              "optimum_gaudi.trainers.trainer:_maybe_log_save_evaluate"]  # fmt: skip
 
 
@@ -32,7 +32,7 @@ def test_a_collective_the_table_lacks_fails_the_check_with_its_row(tmp_path):
     undocumented = ("allreduce", "SUM", ["float64"], "hpu", 2, NONFINITE)
     with pytest.raises(AssertionError, match="add these rows") as failure:
         census.check(write_log(tmp_path, undocumented), range(1))
-    row = "| non-finite guard | `allreduce` | SUM | float64 | `optimum_gaudi.trainers.nonfinite:_spike` |"
+    row = "| non-finite guard | `allreduce` | SUM | float64 | `optimum_gaudi.supervision.nonfinite:_spike` |"
     assert row in str(failure.value)
 
 

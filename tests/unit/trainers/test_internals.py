@@ -121,7 +121,7 @@ def test_every_public_name_the_package_patches_is_listed_with_its_file():
     patches = _patches()
     missing = sorted((n, f) for n, f in patches if (n, f) not in listed and n not in STDLIB_PATCHES)
     assert not missing, f"public names of other libraries patched but not in trainers/internals.py: {missing}"
-    assert {("unwrap_model", "distributed/fast_ddp.py"), ("step", "trainers/nonfinite.py")} <= patches
+    assert {("unwrap_model", "distributed/fast_ddp.py"), ("step", "supervision/nonfinite.py")} <= patches
 
 
 def test_every_listed_internal_is_used_where_it_says():

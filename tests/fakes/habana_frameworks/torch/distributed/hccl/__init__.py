@@ -46,7 +46,7 @@ census: set[tuple] = set()
 # optimum-gaudi's collective count (its stand-ins for torch's functions and its DDP hook, which replays the reducer)
 _PLUMBING = ("habana_frameworks", "torch.distributed.distributed_c10d", "torch.distributed.c10d_logger",
              "torch.utils._contextlib", "contextlib", "functools", "torch.autograd", "torch._tensor",
-             "torch._dynamo.eval_frame", "optimum_gaudi.distributed.collective_count")  # fmt: skip
+             "torch._dynamo.eval_frame", "optimum_gaudi.supervision.collective_count")  # fmt: skip
 
 
 def _issuers(limit: int = 40) -> tuple[str, ...]:

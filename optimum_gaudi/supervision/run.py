@@ -65,7 +65,7 @@ class RunSupervision:
             self.guard.note_loss(loss)
 
     def note_grad_norm(self, norm: Any) -> None:
-        """Checked before the optimizer step (trainers/nonfinite.py)."""
+        """Checked before the optimizer step (supervision/nonfinite.py)."""
         if self.guard is not None:
             self.guard.note_grad_norm(norm)
 

@@ -1,7 +1,7 @@
-"""The project's own collective count (distributed/collective_count.py, issue 46 point 4): where the backend keeps
+"""The project's own collective count (supervision/collective_count.py, issue 46 point 4): where the backend keeps
 none (HCCL), collectives issued through torch.distributed's functions and DDP's reducer are counted per group with
 the collective and its call site, and DDP's gradients keep their bits. The watchdog's use of it on simulated
-Gaudis: tests/integration/distributed/test_stalled_slow_or_diverging_ranks.py."""
+Gaudis: tests/integration/supervision/test_stalled_slow_or_diverging_ranks.py."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 from support import SCRIPTS, job_environment
 
-from optimum_gaudi.distributed import collective_count
 from optimum_gaudi.launch.ranks import FLIGHT_RECORDER_ENV, NCCL_FLIGHT_RECORDER_ENV, enable_flight_recorder
+from optimum_gaudi.supervision import collective_count
 
 C10D = torch._C._distributed_c10d
 

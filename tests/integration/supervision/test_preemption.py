@@ -24,7 +24,7 @@ from support import SCRIPTS, job_environment, launch_command
 from transformers import TrainingArguments
 
 from optimum_gaudi.checkpoints import checkpoint_problem, checkpoint_step, latest_complete_checkpoint
-from optimum_gaudi.trainers.preemption import EXIT_CODE
+from optimum_gaudi.supervision.preemption import EXIT_CODE
 
 SCRIPT = SCRIPTS / "train_preemptible.py"
 STEPS = 200
@@ -147,7 +147,7 @@ def test_sigterm_to_one_rank_stops_both_at_one_step_without_a_collective_per_ste
     finished = int((stopped / "signal_step.rank1").read_text())
     assert not (stopped / "signal_step.rank0").exists()  # rank 0 was never signalled
     newest = latest_complete_checkpoint(stopped / "run")
-    # the step after the one in flight: peers may have ended the step in flight already (trainers/preemption.py)
+    # the step after the one in flight: peers may have ended the step in flight already (supervision/preemption.py)
     assert newest is not None and finished < checkpoint_step(newest) <= finished + 2
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(newest))  # both ranks saved their part
 

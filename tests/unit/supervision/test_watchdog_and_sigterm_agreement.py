@@ -1,7 +1,7 @@
 """A stalled rank never wastes the cluster (issue 38), in process on a store in memory: SIGTERM's agreement on the
 step to stop after costs no collective, and the progress watchdog names a rank behind or stopped (never in the
 first step, nor a rank whose training ended) with a limit from the run's own times. The multi-process launches:
-tests/integration/distributed/test_stalled_slow_or_diverging_ranks.py."""
+tests/integration/supervision/test_stalled_slow_or_diverging_ranks.py."""
 
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ class FakeStore:
 
 
 def test_sigterm_to_every_rank_stops_after_the_step_in_flight_and_to_some_after_the_next():
-    """SIGTERM's agreement (distributed/agreement.py) on a store in memory: ranks asked at the ends of steps 3
+    """SIGTERM's agreement (supervision/agreement.py) on a store in memory: ranks asked at the ends of steps 3
     and 4 (a step end apart) stop after 4; a rank asked alone makes every rank stop after the next step."""
-    from optimum_gaudi.distributed.agreement import StopAgreement
+    from optimum_gaudi.supervision.agreement import StopAgreement
 
     store = FakeStore()
     ranks = [StopAgreement(store, rank, 2, serial=0) for rank in (0, 1)]  # as two processes' first
@@ -65,7 +65,7 @@ def test_sigterm_to_every_rank_stops_after_the_step_in_flight_and_to_some_after_
 
 def watchdog_pair(tmp_path, limit=1.0):
     """Rank 0's watchdog and a way to publish rank 1's heartbeat; a verdict is recorded, not acted on."""
-    from optimum_gaudi.distributed import watchdog
+    from optimum_gaudi.supervision import watchdog
 
     store = FakeStore()
     dog = watchdog.Watchdog(store, 0, 2, tmp_path, limit=limit)
@@ -117,7 +117,7 @@ def test_a_rank_stopped_before_its_watchdogs_first_tick_is_named_as_stopped(tmp_
     first ticked, is seen (and continued, to write its stacks) as any other; a rank never heard from at all counts
     as stopped once the first step (which it took part in) ended a limit ago. CI saw the first case named 'rank 0:
     every rank waits'."""
-    from optimum_gaudi.distributed import watchdog
+    from optimum_gaudi.supervision import watchdog
 
     store = FakeStore()
     first = watchdog.Watchdog(store, 1, 2, tmp_path, limit=1.0)
@@ -148,7 +148,7 @@ def test_once_a_verdict_is_known_the_training_loop_makes_no_more_progress(tmp_pa
     training went on and saved checkpoints while the watchdog ended the job (a 4-process stall test resumed past
     its next stall). Once this rank knows the verdict, its loop waits at its next step boundary or save for the
     process to end, so no checkpoint newer than the stall is published."""
-    from optimum_gaudi.distributed import watchdog
+    from optimum_gaudi.supervision import watchdog
 
     exits = []
     monkeypatch.setattr(watchdog.os, "_exit", lambda code: exits.append(code))
@@ -173,7 +173,7 @@ def test_a_stopped_rank_is_continued_only_once_every_running_rank_wrote_where_it
     rank that had not yet read the verdict then reported wherever training had gone since (CI saw a 4-rank job's
     rank 2 report 'no collective'). The deciding rank continues it only once every running rank's report is
     written; a running rank stays (a few ticks) until the continued one wrote its own, as it may hold the store."""
-    from optimum_gaudi.distributed import watchdog
+    from optimum_gaudi.supervision import watchdog
 
     monkeypatch.setattr(watchdog.os, "_exit", lambda code: None)
     monkeypatch.setattr(watchdog, "_state", lambda pid: "T" if pid == 4242 else "R")
@@ -216,7 +216,7 @@ def test_a_stopped_rank_is_continued_only_once_every_running_rank_wrote_where_it
 
 
 def test_a_rank_whose_training_ended_is_not_taken_for_a_stopped_one(tmp_path):
-    from optimum_gaudi.distributed.watchdog import FINISHED
+    from optimum_gaudi.supervision.watchdog import FINISHED
 
     dog, peer, verdicts = watchdog_pair(tmp_path)
     dog.step_begin(1)
@@ -229,7 +229,7 @@ def test_a_rank_whose_training_ended_is_not_taken_for_a_stopped_one(tmp_path):
 
 
 def test_the_default_limit_comes_from_the_runs_own_times_with_a_floor():
-    from optimum_gaudi.distributed.watchdog import AUTO_FLOOR_SECONDS, auto_limit
+    from optimum_gaudi.supervision.watchdog import AUTO_FLOOR_SECONDS, auto_limit
 
     assert auto_limit(0.5, 10.0) == AUTO_FLOOR_SECONDS == 60
     assert auto_limit(12.0, 10.0) == 120  # 10 x the slowest step
@@ -240,7 +240,7 @@ def test_the_default_limit_comes_from_the_runs_own_times_with_a_floor():
 
 
 def beat_of_rank_1(dog, beat: int, progress: int, compiling: bool) -> None:
-    from optimum_gaudi.distributed import watchdog
+    from optimum_gaudi.supervision import watchdog
 
     record = watchdog.Beat(beat, progress, -1, None, 1, "elsewhere", compiling)  # hccl: no collective count
     dog._store("set", dog._key("beat/1"), json.dumps(dataclasses.asdict(record)))
@@ -250,7 +250,7 @@ def test_a_step_that_may_compile_is_watched_with_the_long_limit_on_every_rank(tm
     """At default settings (a 60 s floor), a step marked compiling that takes 10 minutes never fires, on the
     compiling rank nor on one waiting for it, and a stall in it fires once the long limit (30 min) is over;
     a rank whose last heartbeat said compiling may go silent that long (a compile holding the GIL)."""
-    from optimum_gaudi.distributed.watchdog import LONG_WINDOW_SECONDS
+    from optimum_gaudi.supervision.watchdog import LONG_WINDOW_SECONDS
 
     assert LONG_WINDOW_SECONDS == 1800
     dog, _, verdicts = watchdog_pair(tmp_path, limit=None)
@@ -293,8 +293,8 @@ def test_on_a_gaudi_the_first_three_steps_of_each_process_and_new_shapes_are_com
     from transformers import TrainerControl, TrainerState
 
     from optimum_gaudi.devices.hpu import HPUDevice
-    from optimum_gaudi.distributed.watchdog import Watchdog
-    from optimum_gaudi.trainers.watch import ProgressWatch
+    from optimum_gaudi.supervision.watch import ProgressWatch
+    from optimum_gaudi.supervision.watchdog import Watchdog
 
     def compiling_steps(device, shapes_at) -> list[int]:
         watch = ProgressWatch(device)
@@ -318,7 +318,7 @@ def test_a_hang_in_the_first_step_a_save_or_an_evaluation_fires_after_the_long_l
     """Nothing waits for ever (HCCL groups have no timeout): the first step and a save, on the rank inside it and on
     a rank waiting for it, are watched with the long limit: --hang_long_timeout (30 minutes by default), at least
     the limit and twice the slowest pause seen."""
-    from optimum_gaudi.distributed.watchdog import LONG_WINDOW_SECONDS, Watchdog
+    from optimum_gaudi.supervision.watchdog import LONG_WINDOW_SECONDS, Watchdog
 
     dog, peer, verdicts = watchdog_pair(tmp_path, limit=None)
     dog.step_begin(1)  # the first step, 10 minutes so far: it may compile
@@ -353,7 +353,7 @@ def test_each_window_has_a_limit_of_its_own_from_the_runs_measured_times_above_a
     """Issue 46, point 2: a save's limit is the floor (--hang_long_timeout) or twice the longest save measured,
     an evaluation's likewise from evaluations, a compiling step's from compiling steps: a long evaluation does not
     lengthen a save's limit. A rank waiting for a peer's save waits the save's limit."""
-    from optimum_gaudi.distributed.watchdog import COMPILING
+    from optimum_gaudi.supervision.watchdog import COMPILING
 
     dog, peer, verdicts = watchdog_pair(tmp_path, limit=1.0)
     dog.long_floor = 10.0
@@ -433,8 +433,8 @@ def test_on_nccl_the_report_names_the_collective_from_ncclS_own_recorder(tmp_pat
     import pytest
     import torch
 
-    from optimum_gaudi.distributed import collective_count, watchdog
     from optimum_gaudi.launch.ranks import FLIGHT_RECORDER_ENV
+    from optimum_gaudi.supervision import collective_count, watchdog
 
     if not collective_count.generic_flight_recorder():
         pytest.skip("torch < 2.8 has no recorder for gloo to write a record with")

@@ -4,7 +4,7 @@ or are skipped, stragglers are named.
 
 Multi-process runs are few and short: each launch checks several things.
 
-The watchdog and SIGTERM's agreement in process: tests/unit/distributed/test_watchdog_and_sigterm_agreement.py."""
+The watchdog and SIGTERM's agreement in process: tests/unit/supervision/test_watchdog_and_sigterm_agreement.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from conftest import FAKES
 from support import SCRIPTS, job_environment, launch_command
 
-from optimum_gaudi.distributed.collective_count import generic_flight_recorder
+from optimum_gaudi.supervision.collective_count import generic_flight_recorder
 
 # gloo's collectives as the report names them: torch's flight recorder's ("gloo:all_reduce on group #0 (...)"), or
 # on torch 2.6 and 2.7, whose recorder holds NCCL's only, the project's count's ("all_reduce on the default group")

@@ -1,7 +1,7 @@
 """Non-finite steps (issue 38, point 3): a NaN/inf loss or gradient norm stops the run at once with one line, or
 is skipped with --on_nonfinite skip (optimizer, scheduler, scaler untouched, at most N in a row); a checkpoint
 whose weights hold a NaN or inf is never published nor rotates the last finite one out; resuming with ``true``
-picks the newest finite one. On several processes: tests/integration/distributed/test_stalled_slow_or_diverging_ranks.py."""
+picks the newest finite one. On several processes: tests/integration/supervision/test_stalled_slow_or_diverging_ranks.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from transformers import TrainerCallback
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.checkpoints import FINITE_MARKER, latest_complete_checkpoint, resolve_resume, write_manifest
-from optimum_gaudi.trainers.nonfinite import NonFiniteStepError
+from optimum_gaudi.supervision.nonfinite import NonFiniteStepError
 
 
 def make_trainer(out, **flags) -> GaudiTrainer:

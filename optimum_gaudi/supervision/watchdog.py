@@ -5,7 +5,7 @@ Each rank runs one thread. The training loop marks progress (a step began, a ste
 for what may take long without being a stall (the first step's compilation, a save, an evaluation). The thread
 publishes a heartbeat in the job's rendezvous store every tick: a counter (the process is alive), the progress
 mark, the number of collectives this rank issued on the default group (torch's count; where the backend keeps
-none, as HCCL, the project's own: distributed/collective_count.py), whether it is paused, and its pid and host. When its own rank has made no progress for the limit, and no rank is paused, it names the rank(s) that
+none, as HCCL, the project's own: supervision/collective_count.py), whether it is paused, and its pid and host. When its own rank has made no progress for the limit, and no rank is paused, it names the rank(s) that
 stopped progressing from the heartbeats:
 
 - ranks whose heartbeat stopped (a process stopped by SIGSTOP or a debugger, or frozen in native code);
@@ -514,7 +514,7 @@ def _where(progress: int) -> str:
 
 def _collectives() -> int:
     """Collectives this rank issued on the default group (they count up together on ranks that keep pace): torch's
-    count, else the project's own where the backend keeps none (HCCL: distributed/collective_count.py), else -1."""
+    count, else the project's own where the backend keeps none (HCCL: supervision/collective_count.py), else -1."""
     with contextlib.suppress(Exception):
         return int(torch.distributed.group.WORLD._get_sequence_number_for_group())
     count = collective_count.active()

@@ -2,7 +2,7 @@
 the optimizer step in flight, writes a complete checkpoint and ends the process with exit code 143.
 
 The handler only sets a flag; the step end acts on it. Under several processes the ranks first agree on the step
-to stop after (distributed/agreement.py: through the job's store, no collective on steps where nobody asked),
+to stop after (supervision/agreement.py: through the job's store, no collective on steps where nobody asked),
 because a checkpoint is a collective: ranks that stopped at different steps would wait for each other forever.
 When every rank got the signal they stop after the step in flight; when only some did, after the one that
 follows (their peers may have ended the step in flight already), so the orchestrator's grace period must cover
@@ -31,7 +31,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from ..distributed.agreement import StopAgreement, default_store
+from .agreement import StopAgreement, default_store
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""The progress watchdog on the training loop's events (trainers/watch.py): what one train() starts it ends, and two
+"""The progress watchdog on the training loop's events (supervision/watch.py): what one train() starts it ends, and two
 trainers in one process keep their own watchdogs and share the collective count without ending each other's.
-The watchdog's decisions: tests/unit/distributed/test_watchdog_and_sigterm_agreement.py."""
+The watchdog's decisions: tests/unit/supervision/test_watchdog_and_sigterm_agreement.py."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerControl, TrainerState
 
-from optimum_gaudi.distributed import collective_count
-from optimum_gaudi.trainers.watch import ProgressWatch
+from optimum_gaudi.supervision import collective_count
+from optimum_gaudi.supervision.watch import ProgressWatch
 
 
 @pytest.fixture

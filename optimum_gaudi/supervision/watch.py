@@ -1,4 +1,4 @@
-"""The progress watchdog (distributed/watchdog.py) on the training loop's events: on by default in multi-process
+"""The progress watchdog (supervision/watchdog.py) on the training loop's events: on by default in multi-process
 runs (``--hang_timeout``; 0 turns it off). The first step, saves, evaluations and torch.compile's compilations may
 take long without being a stall: each is watched with a limit of its own (``--hang_long_timeout`` or twice the
 longest of its kind measured, :meth:`Watchdog.window_limit`). Where
@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from ..distributed import collective_count
-from ..distributed.agreement import default_store
-from ..distributed.watchdog import Watchdog
+from . import collective_count
+from .agreement import default_store
+from .watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class ProgressWatch(TrainerCallback):
 
     def __init__(self, device: Any = None, wrapped_model: Callable[[], Any] | None = None) -> None:
         self.watchdog: Watchdog | None = None
-        self._counting = False  # this watch's share of the collective count (distributed/collective_count.py)
+        self._counting = False  # this watch's share of the collective count (supervision/collective_count.py)
         self._wrapped_model = wrapped_model  # the DDP module, once accelerate made it: its reductions are counted
         self._compiling = False
         self._compiling_first_steps = getattr(device, "compiling_first_steps", 0)
