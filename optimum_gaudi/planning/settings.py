@@ -13,6 +13,27 @@ PRECISIONS = ("bf16", "fp32")
 
 
 @dataclass(frozen=True)
+class Adapters:
+    """LoRA adapters trained beside a frozen model (run_lora_clm.py, TRL's ``--use_peft``): the frozen weights
+    get no gradient and no optimizer state, the adapters both; the backward still runs through the frozen layers
+    to reach the adapters, so what it needs of them is kept (less than full fine-tuning keeps: a frozen linear layer
+    keeps no input, a norm with frozen weights only its input).
+
+    ``targets``: the adapted modules (ModelShape.lora_targets: () is PEFT's default for the family). ``dropout``:
+    ``lora_dropout`` > 0, which keeps a mask and an output per adapted input. ``frozen_bytes``: bytes of a frozen
+    weight as loaded, 4 (float32) or 2 (bf16/fp16: ``--torch_dtype``, or the checkpoint's own dtype, which
+    transformers 5 loads by default); the adapters are float32 either way (PEFT's ``autocast_adapter_dtype``)."""
+
+    rank: int = 8
+    targets: tuple[str, ...] = ()
+    dropout: bool = True
+    frozen_bytes: int = 4
+
+    def label(self) -> str:
+        return f"LoRA r{self.rank} {'+'.join(self.targets) or 'default modules'}"
+
+
+@dataclass(frozen=True)
 class Workload:
     """The job: how many cards on how many nodes, the sequence length and the global batch (sequences per
     optimizer step, all cards together). ``precision``: ``bf16`` is autocast over float32 weights (--bf16),
@@ -24,6 +45,7 @@ class Workload:
     global_batch: int = 8
     precision: str = "bf16"
     hpu_graphs: bool = False  # --use_hpu_graphs_for_training on a Gaudi (adds the assumed graph memory)
+    adapters: Adapters | None = None  # LoRA on a frozen model; None: full fine-tuning, every weight trained
 
     @property
     def world(self) -> int:
