@@ -39,6 +39,8 @@ from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.checkpoints import check_resume_before_data
 from optimum_gaudi.data.tasks import instruction_datasets
 from optimum_gaudi.errors import run_main
+from optimum_gaudi.planning import Adapters
+from optimum_gaudi.trainers.plan_check import check_plan_before_loading, weight_bytes_as_loaded
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +217,14 @@ def add_adapters(model: PreTrainedModel, args: FinetuneArguments, gradient_check
     return peft_model
 
 
+def planned_adapters(args: FinetuneArguments, model_args: ModelArguments, config: Any) -> Adapters | None:
+    """The LoRA adapters as the memory planner counts them; None for the other kinds, which it does not count."""
+    if args.peft_type != "lora":
+        return None
+    frozen = weight_bytes_as_loaded(config, model_args.torch_dtype, pretrained=bool(model_args.model_name_or_path))
+    return Adapters(args.lora_rank, tuple(args.lora_target_modules or ()), args.lora_dropout > 0, frozen)
+
+
 def say_what_does_not_apply(model_args: ModelArguments) -> None:
     """One line for each optimum-habana switch that has no effect here, and why."""
     if model_args.attn_softmax_bf16:
@@ -310,6 +320,9 @@ def build(
     config, _ = run_clm.load_config(model_args, tokenizer)
     loading = {"low_cpu_mem_usage": True} if model_args.low_cpu_mem_usage and not TRANSFORMERS_5 else {}
     data_args.max_seq_length = fit_max_seq_length(data_args.max_seq_length, config)
+    adapters = planned_adapters(finetune_args, model_args, config)
+    if training_args.do_train and adapters is not None:  # a LoRA run that cannot fit its card: one line, no loading
+        check_plan_before_loading(config, training_args, data_args.max_seq_length, adapters)
     model = run_clm.load_model(model_args, config, tokenizer, **loading)
     model = add_adapters(model, finetune_args, training_args.gradient_checkpointing)
     check_resume_before_data(training_args, model)  # a checkpoint of other adapters, before any data is read
