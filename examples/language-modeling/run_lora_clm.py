@@ -16,7 +16,9 @@ eager mode + torch.compile:
 
 Lazy mode (Gaudi software up to 1.20): ``--use_lazy_mode`` instead of ``--torch_compile``. The output directory
 holds the adapter (adapter_model.safetensors, adapter_config.json), the tokenizer and gaudi_config.json; with
-``--merge_lora`` also the merged full model in its merged/ folder.
+``--merge_lora`` also the merged full model in its merged/ folder. On a Gaudi or a GPU a LoRA run checks its
+memory plan (frozen weights, the adapters' gradients and state, at ``--max_seq_length``) before the weights load:
+one line where it cannot fit the card, ``--ignore_plan`` to train anyway.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ the arguments of optimum-habana's sft.py: ``--dataset_name`` (a ``text`` or ``me
 Exchange's question/response_j), ``--subset``, ``--use_peft`` / ``--lora_*`` (LoRA adapters),
 ``--use_flash_attention``, ``--max_seq_length`` (TRL < 1's name of ``--max_length``, which GaudiSFTConfig
 reads); ``--do_eval`` holds out ``--validation_split_percentage`` of the examples and reports their loss and
-perplexity.
+perplexity. On a Gaudi or a GPU the run's memory plan (at ``--max_length``; with ``--use_peft`` of its adapters) is
+checked before the weights load: one line where it cannot fit the card, ``--ignore_plan`` to train anyway.
 """
 
 from __future__ import annotations

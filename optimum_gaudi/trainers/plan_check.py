@@ -10,9 +10,10 @@ Only on a card (a Gaudi, a GPU): a CPU's memory is shared with the OS and the ot
 `optimum-gaudi plan --card cpu` answers instead. The sequence length is the script's (its block or its longest row)
 or, at step 1, the first training example's (exact for run_clm.py's blocks; a padded dataset's longer rows are not
 seen). Counted: full fine-tuning, and LoRA adapters on a frozen model (one rank, on linear layers the planner
-knows); other frozen-weight runs (AdaLoRA, IA3, prompt tuning, modules_to_save) are not checked, nor is a model
-family the planner does not know (encoders such as BERT, encoder-decoders such as T5: run_mlm.py, run_glue.py and
-run_summarization.py), nor a dataset it cannot index. Every rank computes the same numbers, so all refuse together.
+knows); other frozen-weight runs (AdaLoRA, IA3, prompt tuning, modules_to_save) are not checked, nor a dataset it
+cannot index, nor a model family the planner does not know: run_mlm.py, run_glue.py and run_summarization.py go
+unchecked, because the arithmetic is for decoder-only causal LMs and an encoder (BERT) or encoder-decoder (T5)
+would need its own formula and measured rows. Every rank computes the same numbers, so all refuse together.
 """
 
 from __future__ import annotations
