@@ -58,6 +58,7 @@ SETTINGS = {
     "llama_cp2": (LLAMA, 2, 256, 2, {"context_parallel_size": 2}),
     "llama_107m": (LLAMA_107M, 1, 128, 2, {}),
     "llama_107m_fsdp2": (LLAMA_107M, 2, 128, 2, FSDP2),
+    "llama_107m_long": (LLAMA_107M, 1, 1536, 2, {}),  # 3,072 tokens: the heap's kept blocks grow with activations
     "llama_bf16": (LLAMA, 1, 128, 4, {"bf16": True}),
     "gpt2_bf16": (GPT2, 1, 128, 4, {"bf16": True}),
     "llama_fp8": (LLAMA, 1, 128, 4, {"bf16": True, "fp8": True}),
@@ -67,6 +68,7 @@ SETTINGS = {
     "llama_lora_bf16_weights": (LLAMA, 1, 128, 4, {"lora": {**LORA_ALL, "dtype": "bfloat16"}, "bf16": True}),
     "gpt2_lora": (GPT2, 1, 128, 4, {"lora": {**LORA, "target_modules": ["c_attn"]}}),
     "llama_lora_ddp2": (LLAMA, 2, 128, 4, {"lora": LORA}),
+    "llama_lora_fsdp2": (LLAMA, 2, 128, 4, {"lora": LORA, **FSDP2}),
     "llama_107m_lora": (LLAMA_107M, 1, 128, 2, {"lora": LORA}),
 }
 
@@ -270,7 +272,7 @@ def run(names=tuple(SETTINGS), log=print) -> tuple[str, dict]:
     for name in names:
         shape, plan = predict(name)
         measured = measure(name)
-        counted = _parameters(name, shape)
+        counted = counted_parameters(name, shape)
         if (measured["parameters"], measured["trained"]) != counted:
             raise RuntimeError(f"{name}: the planner counts {counted} parameters (all, trained), the model has "
                                f"{measured['parameters'], measured['trained']}")  # fmt: skip
@@ -315,7 +317,7 @@ def _flag(key: str, value) -> str:
     return f"{key}={value}"
 
 
-def _parameters(name: str, shape) -> tuple[int, int]:
+def counted_parameters(name: str, shape) -> tuple[int, int]:
     """(all parameters, the trained ones) as the planner counts them for setting ``name``."""
     from optimum_gaudi.planning import adapter_parameters
 

@@ -14,8 +14,9 @@ Counted per rank (one process per card):
 - communication buffers: DDP's gradient buckets (a Gaudi's gradients are views into them) and on a CPU gloo's
   working copy of one bucket (held only while a bucket is reduced, with the gradients, never with the loss's
   tensors), fast_ddp's fused buffer, FSDP's gathered layers;
-- workspace: on a CPU, what a training process holds beyond the tensors (math libraries' buffers, the heap's kept
-  blocks), calibrated on this machine; on a card it is part of the reserve;
+- workspace: on a CPU, what a training process holds beyond the tensors: a fixed part (math libraries' buffers,
+  the loop's state) and the heap's kept blocks, a share of the activations and loss tensors the backward frees,
+  both fitted on this machine; on a card it is part of the reserve;
 - runtime reserve: the runtime's own memory (an assumption, settings.Assumptions).
 
 With LoRA adapters on a frozen model (``Workload.adapters``) the weights are the frozen ones as loaded (float32 or
@@ -275,7 +276,10 @@ def breakdown(
     else:
         reserve = assumptions.reserve_gb_cpu.value * GB
 
-    workspace = assumptions.workspace_gb_cpu.value * GB if card.kind == "cpu" else 0.0
+    workspace = 0.0
+    if card.kind == "cpu":  # glibc keeps a share of the blocks the backward frees: it grows with what it frees
+        kept = assumptions.workspace_share_cpu.value * (activations + logits)
+        workspace = assumptions.workspace_gb_cpu.value * GB + kept
     states = weights + optimizer + communication - reducing + workspace + reserve
     together = setting.accumulation > 1 or bucket_views
     if together:

@@ -79,6 +79,10 @@ def format_plan(plan: Plan, rows: int = 12, model_arg: str = "MODEL") -> str:
     if a.reserve_gb is not None:
         reserve = (f"{a.reserve_gb.value:g} GB", a.reserve_gb)
     lines.append(f"  runtime reserve {reserve[0]} (--reserve_gb): {reserve[1].source}")
+    if card.kind == "cpu":
+        lines.append(f"  CPU workspace {a.workspace_gb_cpu.value:g} GB + {a.workspace_share_cpu.value:.0%} of the "
+                     f"activations and logits (Python: Assumptions.workspace_gb_cpu, workspace_share_cpu): "
+                     f"{a.workspace_share_cpu.source}")  # fmt: skip
     if card.kind == "hpu":
         lines.append(f"  HPU Graphs {a.hpu_graph_fraction.value:.0%} of activations (--hpu_graph_fraction): "
                      f"{a.hpu_graph_fraction.source}")  # fmt: skip

@@ -102,10 +102,14 @@ class Assumptions:
         "after importing torch, transformers and GaudiTrainer, before a model is built: 0.49 GB (docs/planning.md)"
     )  # fmt: skip
     workspace_gb_cpu: Assumption = _assumption(
-        0.06, "calibrated on this machine (AMD EPYC, torch 2.13): a 7M-parameter Llama trained on one CPU process "
-        "peaked 43-86 MB above what the parts count over five runs (BENCH_SECTIONS=plan make bench, row 'llama', "
-        "2026-11-28): the math libraries' buffers, the loop's own state and the heap's kept blocks; the other "
-        "rows check it"
+        0.05, "fitted on this machine (AMD EPYC, glibc 2.36, torch 2.13): the fixed part of what a CPU training "
+        "process holds beyond its tensors (the math libraries' buffers, the loop's own state), from 23 settings of "
+        "the plan bench, 7M to 107M parameters (2026-11-28, docs/planning.md: the fit and its data)"
+    )  # fmt: skip
+    workspace_share_cpu: Assumption = _assumption(
+        0.25, "fitted with workspace_gb_cpu (the same 23 settings): the heap's kept blocks, as a share of what the "
+        "backward frees (activations and the loss's tensors), which the heap reuses only in part; it is what grows "
+        "with the model and the batch"
     )  # fmt: skip
     reserve_gb: Assumption | None = None  # given: the runtime reserve in GB on any card, instead of the above
     hpu_graph_fraction: Assumption = _assumption(
