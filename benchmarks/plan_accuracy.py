@@ -37,6 +37,11 @@ LLAMA_107M = dict(model_type="llama", vocab_size=8192, hidden_size=1024, interme
 GPT2 = dict(model_type="gpt2", vocab_size=8192, n_embd=256, n_layer=4, n_head=8, n_positions=512,
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
 
+# LoRA as run_lora_clm.py trains it (PEFT, float32 adapters, the rest frozen); "dtype": the frozen weights loaded in
+# bf16, as transformers 5 loads a bf16 checkpoint
+LORA = {"r": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.05}
+LORA_ALL = {"r": 16, "target_modules": "all-linear", "lora_dropout": 0.05}
+
 FSDP2 = {"fsdp": "full_shard auto_wrap",
          "fsdp_config": {"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}}  # fmt: skip
 # name: (model config, processes, sequence, micro-batch, training flags)
@@ -53,9 +58,18 @@ SETTINGS = {
     "llama_cp2": (LLAMA, 2, 256, 2, {"context_parallel_size": 2}),
     "llama_107m": (LLAMA_107M, 1, 128, 2, {}),
     "llama_107m_fsdp2": (LLAMA_107M, 2, 128, 2, FSDP2),
+    "llama_107m_long": (LLAMA_107M, 1, 1536, 2, {}),  # 3,072 tokens: the heap's kept blocks grow with activations
     "llama_bf16": (LLAMA, 1, 128, 4, {"bf16": True}),
     "gpt2_bf16": (GPT2, 1, 128, 4, {"bf16": True}),
     "llama_fp8": (LLAMA, 1, 128, 4, {"bf16": True, "fp8": True}),
+    "llama_lora": (LLAMA, 1, 128, 4, {"lora": LORA}),
+    "llama_lora_ckpt": (LLAMA, 1, 128, 4, {"lora": LORA, "gradient_checkpointing": True}),
+    "llama_lora_bf16": (LLAMA, 1, 128, 4, {"lora": LORA, "bf16": True}),
+    "llama_lora_bf16_weights": (LLAMA, 1, 128, 4, {"lora": {**LORA_ALL, "dtype": "bfloat16"}, "bf16": True}),
+    "gpt2_lora": (GPT2, 1, 128, 4, {"lora": {**LORA, "target_modules": ["c_attn"]}}),
+    "llama_lora_ddp2": (LLAMA, 2, 128, 4, {"lora": LORA}),
+    "llama_lora_fsdp2": (LLAMA, 2, 128, 4, {"lora": LORA, **FSDP2}),
+    "llama_107m_lora": (LLAMA_107M, 1, 128, 2, {"lora": LORA}),
 }
 
 
@@ -144,6 +158,9 @@ def work(out: str, spec: str) -> None:
     from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 
     config, _, sequence, micro, flags = json.loads(spec)
+    lora = flags.pop("lora", None)
+    if lora is not None:
+        import peft  # imported before the baseline, as the trainer's own imports are
     torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     accumulation = flags.get("gradient_accumulation_steps", 1)
@@ -163,6 +180,14 @@ def work(out: str, spec: str) -> None:
         torch.manual_seed(0)
         model_config = transformers.AutoConfig.for_model(kind, **{k: v for k, v in config.items() if k != "model_type"})
         model = transformers.AutoModelForCausalLM.from_config(model_config)
+        if lora is not None:  # as run_lora_clm.py: frozen weights as loaded, float32 adapters
+            if lora.get("dtype"):
+                model.to(getattr(torch, lora["dtype"]))
+            if flags.get("gradient_checkpointing"):
+                model.enable_input_require_grads()
+            model = peft.get_peft_model(model, peft.LoraConfig(
+                r=lora["r"], target_modules=lora["target_modules"], lora_dropout=lora["lora_dropout"], bias="none",
+                task_type="CAUSAL_LM"))  # fmt: skip
         trainer = GaudiTrainer(model=model, args=args, train_dataset=data)
         tracker = _live_peak_tracker(trace=bool(os.environ.get("PLAN_TRACE")))
         with tracker:
@@ -170,6 +195,7 @@ def work(out: str, spec: str) -> None:
         peak = _high_water() - baseline
     live = None if in_use is None else tracker.peak - in_use
     mine = {"training_peak": peak, "live_peak": live, "parameters": sum(p.numel() for p in model.parameters()),
+            "trained": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "heap_growth": tracker.growth.most_common(8)}  # fmt: skip
     if world > 1:
         ranks = [None] * world
@@ -204,7 +230,8 @@ def measure(name: str) -> dict:
         ranks = json.loads(out.read_text())
     largest = max(ranks, key=lambda r: r["training_peak"])
     return {"training_peak": largest["training_peak"], "live_peak": largest["live_peak"],
-            "parameters": ranks[0]["parameters"], "heap_growth": largest["heap_growth"]}  # fmt: skip
+            "parameters": ranks[0]["parameters"], "trained": ranks[0]["trained"],
+            "heap_growth": largest["heap_growth"]}  # fmt: skip
 
 
 def trace(name: str) -> str:
@@ -224,6 +251,7 @@ def predict(name: str):
     from optimum_gaudi.planning import Setting, Workload, breakdown, card, load_model_shape
 
     config, procs, sequence, micro, flags = SETTINGS[name]
+    adapters = _adapters(name)
     cp = flags.get("context_parallel_size", 1)
     setting = Setting(
         strategy="fsdp" if "fsdp" in flags else "ddp", context_parallel=cp, fp8=flags.get("fp8", False),
@@ -232,7 +260,7 @@ def predict(name: str):
         accumulation=flags.get("gradient_accumulation_steps", 1),
     )  # fmt: skip
     workload = Workload(cards=procs, sequence=sequence, global_batch=micro * procs // cp * setting.accumulation,
-                        precision="bf16" if flags.get("bf16") else "fp32")  # fmt: skip
+                        precision="bf16" if flags.get("bf16") else "fp32", adapters=adapters)  # fmt: skip
     return load_model_shape(config), breakdown(load_model_shape(config), workload, setting, card("cpu"))
 
 
@@ -244,9 +272,10 @@ def run(names=tuple(SETTINGS), log=print) -> tuple[str, dict]:
     for name in names:
         shape, plan = predict(name)
         measured = measure(name)
-        if measured["parameters"] != shape.parameters():
-            raise RuntimeError(f"{name}: the planner counts {shape.parameters()} parameters, the model has "
-                               f"{measured['parameters']}")  # fmt: skip
+        counted = counted_parameters(name, shape)
+        if (measured["parameters"], measured["trained"]) != counted:
+            raise RuntimeError(f"{name}: the planner counts {counted} parameters (all, trained), the model has "
+                               f"{measured['parameters'], measured['trained']}")  # fmt: skip
         results[name] = (plan.training, measured["training_peak"])
         error = plan.training / measured["training_peak"] - 1
         log(f"  {name}: predicted {plan.training / MB:.0f} MB, measured {measured['training_peak'] / MB:.0f} MB")
@@ -254,7 +283,7 @@ def run(names=tuple(SETTINGS), log=print) -> tuple[str, dict]:
         parts = plan.parts()
         rows.append([
             name, f"{shape.parameters() / 1e6:.1f}M", str(procs), f"{micro}x{sequence}",
-            ", ".join(f"{k}={v}" for k, v in flags.items() if k != "fsdp_config") or "-",
+            ", ".join(_flag(k, v) for k, v in flags.items() if k != "fsdp_config") or "-",
             *(f"{parts[k] / MB:.0f}" for k in ("weights", "gradients", "optimizer", "activations", "logits/loss",
                                                "comm buffers", "workspace")),
             f"{plan.training / MB:.0f}", f"{measured['training_peak'] / MB:.0f}", f"{error:+.0%}",
@@ -265,6 +294,37 @@ def run(names=tuple(SETTINGS), log=print) -> tuple[str, dict]:
               "activ", "logits", "comm", "workspace", "predicted peak (MB)", "measured peak (MB)", "error",
               "tensors counted (MB)", "live at most (MB)"]  # fmt: skip
     return f"{markdown_table(header, rows)}\n\n{_machine()}", results
+
+
+def _adapters(name: str):
+    """Setting ``name``'s LoRA adapters as the planner takes them, or None (full fine-tuning)."""
+    from optimum_gaudi.planning import Adapters
+
+    lora = SETTINGS[name][4].get("lora")
+    if lora is None:
+        return None
+    targets = lora["target_modules"]
+    frozen = 2 if lora.get("dtype") == "bfloat16" else 4
+    return Adapters(lora["r"], (targets,) if isinstance(targets, str) else tuple(targets), lora["lora_dropout"] > 0,
+                    frozen)  # fmt: skip
+
+
+def _flag(key: str, value) -> str:
+    if key == "lora":
+        targets = value["target_modules"]
+        dtype = ", bf16 weights" if value.get("dtype") == "bfloat16" else ""
+        return f"LoRA r{value['r']} {targets if isinstance(targets, str) else '+'.join(targets)}{dtype}"
+    return f"{key}={value}"
+
+
+def counted_parameters(name: str, shape) -> tuple[int, int]:
+    """(all parameters, the trained ones) as the planner counts them for setting ``name``."""
+    from optimum_gaudi.planning import adapter_parameters
+
+    adapters = _adapters(name)
+    if adapters is None:
+        return shape.parameters(), shape.parameters()
+    return shape.parameters() + adapter_parameters(shape, adapters), adapter_parameters(shape, adapters)
 
 
 def _machine() -> str:

@@ -16,7 +16,9 @@ eager mode + torch.compile:
 
 Lazy mode (Gaudi software up to 1.20): ``--use_lazy_mode`` instead of ``--torch_compile``. The output directory
 holds the adapter (adapter_model.safetensors, adapter_config.json), the tokenizer and gaudi_config.json; with
-``--merge_lora`` also the merged full model in its merged/ folder.
+``--merge_lora`` also the merged full model in its merged/ folder. On a Gaudi or a GPU a LoRA run checks its
+memory plan (frozen weights, the adapters' gradients and state, at ``--max_seq_length``) before the weights load:
+one line where it cannot fit the card, ``--ignore_plan`` to train anyway.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.checkpoints import check_resume_before_data
 from optimum_gaudi.data.tasks import instruction_datasets
 from optimum_gaudi.errors import run_main
+from optimum_gaudi.planning import Adapters
+from optimum_gaudi.trainers.plan_check import check_plan_before_loading, weight_bytes_as_loaded
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +219,14 @@ def add_adapters(model: PreTrainedModel, args: FinetuneArguments, gradient_check
     return peft_model
 
 
+def planned_adapters(args: FinetuneArguments, model_args: ModelArguments, config: Any) -> Adapters | None:
+    """The LoRA adapters as the memory planner counts them; None for the other kinds, which it does not count."""
+    if args.peft_type != "lora":
+        return None
+    frozen = weight_bytes_as_loaded(config, model_args.torch_dtype, pretrained=bool(model_args.model_name_or_path))
+    return Adapters(args.lora_rank, tuple(args.lora_target_modules or ()), args.lora_dropout > 0, frozen)
+
+
 def say_what_does_not_apply(model_args: ModelArguments) -> None:
     """One line for each optimum-habana switch that has no effect here, and why."""
     if model_args.attn_softmax_bf16:
@@ -310,6 +322,9 @@ def build(
     config, _ = run_clm.load_config(model_args, tokenizer)
     loading = {"low_cpu_mem_usage": True} if model_args.low_cpu_mem_usage and not TRANSFORMERS_5 else {}
     data_args.max_seq_length = fit_max_seq_length(data_args.max_seq_length, config)
+    adapters = planned_adapters(finetune_args, model_args, config)
+    if training_args.do_train and adapters is not None:  # a LoRA run that cannot fit its card: one line, no loading
+        check_plan_before_loading(config, training_args, data_args.max_seq_length, adapters)
     model = run_clm.load_model(model_args, config, tokenizer, **loading)
     model = add_adapters(model, finetune_args, training_args.gradient_checkpointing)
     check_resume_before_data(training_args, model)  # a checkpoint of other adapters, before any data is read

@@ -9,13 +9,22 @@ import importlib.util
 import logging
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from datasets import Dataset, load_dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    HfArgumentParser,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+)
 from transformers.hf_argparser import string_to_bool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "language-modeling"))
@@ -136,22 +145,31 @@ def parse(
         raise UserError(str(e).splitlines()[0]) from None
 
 
-def model_and_tokenizer(script: ScriptArguments, args: Any) -> tuple[torch.nn.Module, Any]:
+def model_and_tokenizer(
+    script: ScriptArguments, args: Any, before_loading: Callable[[PretrainedConfig], None] | None = None
+) -> tuple[torch.nn.Module, Any]:
     """The model and tokenizer, after the output directory and the checkpoint to resume from are checked (before
-    the TRL trainer reads and tokenizes any data)."""
+    the TRL trainer reads and tokenizes any data); ``before_loading`` sees the model's config before any weight is
+    read (sft.py checks its memory plan there)."""
     args.do_train = True  # these scripts always train (the Trainer itself never reads --do_train)
     run_clm.check_output_dir(args)
     run_clm.check_resume_before_data(args)
-    model, tokenizer = _load(script, args.seed)
+    model, tokenizer = _load(script, args.seed, before_loading or (lambda config: None))
     run_clm.check_resume_before_data(args, model)
     return model, tokenizer
 
 
-def _load(script: ScriptArguments, seed: int) -> tuple[torch.nn.Module, Any]:
+def _load(
+    script: ScriptArguments, seed: int, before_loading: Callable[[PretrainedConfig], None]
+) -> tuple[torch.nn.Module, Any]:
     if script.model_name_or_path:
         tokenizer_name = script.tokenizer_name_or_path or script.model_name_or_path
         tokenizer = run_clm._from_pretrained(AutoTokenizer.from_pretrained, tokenizer_name, "tokenizer")
-        model = run_clm._from_pretrained(AutoModelForCausalLM.from_pretrained, script.model_name_or_path, "model")
+        config = run_clm._from_pretrained(AutoConfig.from_pretrained, script.model_name_or_path, "model")
+        before_loading(config)
+        model = run_clm._from_pretrained(
+            AutoModelForCausalLM.from_pretrained, script.model_name_or_path, "model", config=config
+        )
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         return model, tokenizer
@@ -167,6 +185,7 @@ def _load(script: ScriptArguments, seed: int) -> tuple[torch.nn.Module, Any]:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    before_loading(config)
     return LlamaForCausalLM(config), tokenizer
 
 

@@ -10,19 +10,23 @@ the arguments of optimum-habana's sft.py: ``--dataset_name`` (a ``text`` or ``me
 Exchange's question/response_j), ``--subset``, ``--use_peft`` / ``--lora_*`` (LoRA adapters),
 ``--use_flash_attention``, ``--max_seq_length`` (TRL < 1's name of ``--max_length``, which GaudiSFTConfig
 reads); ``--do_eval`` holds out ``--validation_split_percentage`` of the examples and reports their loss and
-perplexity.
+perplexity. On a Gaudi or a GPU the run's memory plan (at ``--max_length``; with ``--use_peft`` of its adapters) is
+checked before the weights load: one line where it cannot fit the card, ``--ignore_plan`` to train anyway.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
-from common import corpus, finish, hold_out, model_and_tokenizer, named_dataset, parse, with_columns
+from common import ScriptArguments, corpus, finish, hold_out, model_and_tokenizer, named_dataset, parse, with_columns
 from datasets import Dataset
 from optimum_gaudi.trl import GaudiSFTConfig, GaudiSFTTrainer
 
 from optimum_gaudi.errors import run_main
+from optimum_gaudi.planning import Adapters
+from optimum_gaudi.trainers.plan_check import check_plan_before_loading, weight_bytes_as_loaded
 
 logger = logging.getLogger(__name__)
 
@@ -32,9 +36,23 @@ def stack_exchange_text(row: dict[str, Any]) -> dict[str, str]:
     return {"text": f"Question: {row['question']}\n\nAnswer: {row['response_j']}"}
 
 
+def check_the_plan_before_loading(script: ScriptArguments, args: GaudiSFTConfig) -> Callable[[Any], None]:
+    """The memory plan of this run checked from the model's config (one line where it cannot fit its card, before
+    any weight is read): its rows are at most --max_length tokens; with --use_peft it trains LoRA adapters."""
+
+    def check(model_config: Any) -> None:
+        adapters = None
+        if script.use_peft:
+            frozen = weight_bytes_as_loaded(model_config, None, pretrained=bool(script.model_name_or_path))
+            adapters = Adapters(script.lora_r, tuple(script.lora_target_modules or ()), script.lora_dropout > 0, frozen)
+        check_plan_before_loading(model_config, args, args.max_length, adapters)
+
+    return check
+
+
 def main(argv: list[str] | None = None) -> None:
     script, config = parse(GaudiSFTConfig, argv)
-    model, tokenizer = model_and_tokenizer(script, config)
+    model, tokenizer = model_and_tokenizer(script, config, check_the_plan_before_loading(script, config))
     rows = named_dataset(script)
     if rows is None:
         rows = Dataset.from_dict({"text": corpus(script, 2000)})

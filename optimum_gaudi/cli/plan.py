@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import CommandError, UserError
-from ..planning import Assumption, Assumptions, format_plan, plan
+from ..planning import Adapters, Assumption, Assumptions, format_plan, plan
 
 
 def _assumptions(args) -> Assumptions:
@@ -17,13 +17,25 @@ def _assumptions(args) -> Assumptions:
     return dataclasses.replace(Assumptions(), **changes)
 
 
+def _adapters(args) -> Adapters | None:
+    """LoRA adapters from --lora_rank, --lora_target_modules and --torch_dtype; None: full fine-tuning."""
+    if args.lora_rank is None:
+        if args.lora_target_modules:
+            raise CommandError("--lora_target_modules needs --lora_rank (the adapters' rank).")
+        return None
+    if args.lora_rank < 1:
+        raise CommandError(f"--lora_rank must be at least 1, got {args.lora_rank}.")
+    frozen = 2 if args.torch_dtype == "bfloat16" else 4
+    return Adapters(args.lora_rank, tuple(args.lora_target_modules or ()), args.lora_dropout > 0, frozen)
+
+
 def run(args) -> int:
     try:
         result = plan(
             args.model, card=args.card, cards=args.cards, nodes=args.nodes, sequence=args.sequence,
             global_batch=args.global_batch or args.cards * args.nodes, precision=args.precision,
             hpu_graphs=args.hpu_graphs, assumptions=_assumptions(args), card_memory_gb=args.card_memory_gb,
-            peak_tflops=args.peak_tflops,
+            peak_tflops=args.peak_tflops, adapters=_adapters(args),
         )  # fmt: skip
     except UserError as e:
         raise CommandError(str(e)) from None
@@ -48,6 +60,13 @@ def add_command(subparsers) -> None:
                         "together (default: one per card)")  # fmt: skip
     parser.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     parser.add_argument("--hpu_graphs", action="store_true", help="plan for --use_hpu_graphs_for_training")
+    parser.add_argument("--lora_rank", type=int, help="plan LoRA adapters of this rank on the frozen model "
+                        "(run_lora_clm.py) instead of training every weight")  # fmt: skip
+    parser.add_argument("--lora_target_modules", nargs="+", help="modules LoRA adapts (default: PEFT's choice, "
+                        "q_proj v_proj for Llama); all-linear: every linear layer")  # fmt: skip
+    parser.add_argument("--lora_dropout", type=float, default=0.05, help="LoRA dropout (default 0.05)")
+    parser.add_argument("--torch_dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                        help="with --lora_rank: the frozen weights as loaded (default bfloat16)")  # fmt: skip
     parser.add_argument("--card_memory_gb", type=float, help="the card's memory, if not the listed figure")
     parser.add_argument("--peak_tflops", type=float, help="the card's dense bf16 peak, if not the listed figure")
     parser.add_argument("--reserve_gb", type=float, help="the runtime's own memory per card, GB")

@@ -14,9 +14,14 @@ Counted per rank (one process per card):
 - communication buffers: DDP's gradient buckets (a Gaudi's gradients are views into them) and on a CPU gloo's
   working copy of one bucket (held only while a bucket is reduced, with the gradients, never with the loss's
   tensors), fast_ddp's fused buffer, FSDP's gathered layers;
-- workspace: on a CPU, what a training process holds beyond the tensors (math libraries' buffers, the heap's kept
-  blocks), calibrated on this machine; on a card it is part of the reserve;
+- workspace: on a CPU, what a training process holds beyond the tensors: a fixed part (math libraries' buffers,
+  the loop's state) and the heap's kept blocks, a share of the activations and loss tensors the backward frees,
+  both fitted on this machine; on a card it is part of the reserve;
 - runtime reserve: the runtime's own memory (an assumption, settings.Assumptions).
+
+With LoRA adapters on a frozen model (``Workload.adapters``) the weights are the frozen ones as loaded (float32 or
+bf16) plus the float32 adapters, and gradients, optimizer state and gradient buffers are the adapters' alone; the
+activations are what the backward needs to reach the adapters through the frozen layers (``frozen_layer_bytes``).
 
 Peak: gradients are freed before each step (Trainer's ``zero_grad(set_to_none=True)``), so with one micro-batch
 a step and gradients that are not bucket views the activations and the full gradients never live together: the
@@ -29,9 +34,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import UserError
 from .hardware import GB, Card
 from .model import ModelShape
-from .settings import Assumptions, Setting, Workload
+from .settings import Adapters, Assumptions, Setting, Workload
 
 FP32 = 4
 DDP_BUCKET_BYTES = 25 * 1024**2  # torch DDP's default bucket_cap_mb, which the CPU device keeps (devices/cpu.py)
@@ -74,10 +80,64 @@ def _element_bytes(workload: Workload, setting: Setting) -> tuple[int, int]:
     return 2, 1 if setting.fp8 else 2
 
 
+def adapter_layer_parameters(shape: ModelShape, adapters: Adapters) -> int:
+    """One decoder layer's adapter parameters: rank x (inputs + outputs) for each adapted linear layer."""
+    targets = shape.lora_targets(adapters.targets)
+    return sum(adapters.rank * (i + o) for group in shape.linear_groups() for name, i, o in group if name in targets)
+
+
+def adapter_parameters(shape: ModelShape, adapters: Adapters) -> int:
+    """All the adapters' parameters (the output layer's too where ``lm_head`` is adapted): what a LoRA run trains."""
+    head = adapters.rank * (shape.hidden + shape.vocab) if "lm_head" in shape.lora_targets(adapters.targets) else 0
+    return shape.layers * adapter_layer_parameters(shape, adapters) + head
+
+
+def trained_parameters(shape: ModelShape, workload: Workload) -> int:
+    """The parameters that get gradients and optimizer state: all of them, or the adapters'."""
+    return shape.parameters() if workload.adapters is None else adapter_parameters(shape, workload.adapters)
+
+
+def _adapter_activation_bytes(
+    shape: ModelShape, workload: Workload, adapters: Adapters, groups: tuple[tuple[tuple[str, int, int], ...], ...]
+) -> float:
+    """Per token, what the adapters on ``groups`` (linear layers by shared input) keep: each its input in its own
+    dtype (float32, bf16 under autocast: a cast each; one input for the group where nothing casts or drops it), its
+    dropout mask (float32: a CPU's dropout multiplies by a mask of the input's dtype; a Gaudi's may keep bytes) and
+    the rank-wide output of its first matrix."""
+    targets = shape.lora_targets(adapters.targets)
+    autocast = workload.precision == "bf16"
+    element = 2 if autocast else FP32
+    shared = not (adapters.dropout or autocast or adapters.frozen_bytes != FP32)
+    total = 0.0
+    for group in groups:
+        widths = [i for name, i, _ in group if name in targets]
+        if widths:
+            total += (1 if shared else len(widths)) * element * widths[0] + element * adapters.rank * len(widths)
+            total += FP32 * sum(widths) if adapters.dropout else 0
+    return total
+
+
+def frozen_layer_bytes(shape: ModelShape, workload: Workload, adapters: Adapters) -> float:
+    """Bytes one decoder layer of a frozen model with LoRA adapters saves for its backward, per token. A frozen
+    linear layer keeps no input (its weight gets no gradient), a norm with frozen weights only its input (float32 in
+    Llama's RMSNorm, the residual stream's dtype in GPT-2's LayerNorm); what the backward differentiates through is
+    kept as in full fine-tuning (q, k, v and SDPA's output; the MLP's gate, up and SiLU outputs, GPT-2's gelu_new),
+    in bf16 under autocast or with bf16 weights; then the adapters' own (``_adapter_activation_bytes``)."""
+    out = 2 if workload.precision == "bf16" or adapters.frozen_bytes == 2 else FP32
+    h, i, q, kv = shape.hidden, shape.intermediate, shape.q_width, shape.kv_width
+    if shape.family == "gpt2":
+        kept = 2 * (FP32 if adapters.frozen_bytes == FP32 else 2) * h + out * 3 * h + out * h + out * 4 * i
+    else:
+        kept = 2 * FP32 * h + out * (q + 2 * kv) + out * q + out * 3 * i
+    return kept + _adapter_activation_bytes(shape, workload, adapters, shape.linear_groups())
+
+
 def layer_activation_bytes(shape: ModelShape, workload: Workload, setting: Setting) -> float:
     """Bytes one decoder layer saves for its backward, per token. The residual stream and the norms stay in float32
     (float32 weights); under autocast every linear layer saves its own low-precision cast of its input, so a norm
     feeding three projections saves three casts, where float32 training saves the norm's output once."""
+    if workload.adapters is not None:
+        return frozen_layer_bytes(shape, workload, workload.adapters)
     out, lin = _element_bytes(workload, setting)
     h, i, q, kv = shape.hidden, shape.intermediate, shape.q_width, shape.kv_width
     fp32 = workload.precision == "fp32"
@@ -109,6 +169,14 @@ def activation_bytes(shape: ModelShape, workload: Workload, setting: Setting) ->
     """Everything the layers and the final norm save for the backward on one rank."""
     tokens = tokens_per_rank(workload, setting)
     layer = layer_activation_bytes(shape, workload, setting)
+    adapters = workload.adapters
+    if adapters is not None:  # the final norm's input; the frozen output layer keeps none, an adapter on it its own
+        residual = FP32 if adapters.frozen_bytes == FP32 else 2
+        final_norm = (FP32 if shape.family == "gated" else residual) * shape.hidden
+        final_norm += _adapter_activation_bytes(shape, workload, adapters, ((("lm_head", shape.hidden, shape.vocab),),))
+        if setting.checkpointing:  # each layer's input kept in the residual stream's dtype
+            return tokens * (shape.layers * residual * shape.hidden + layer + final_norm)
+        return tokens * (shape.layers * layer + final_norm)
     _, lin = _element_bytes(workload, setting)
     norm = (1 if shape.family == "gpt2" else 2) * FP32 * shape.hidden
     final_norm = norm + (FP32 if workload.precision == "fp32" else lin) * shape.hidden
@@ -131,6 +199,12 @@ def weight_cast_bytes(shape: ModelShape, workload: Workload, setting: Setting) -
     layers = 0 if setting.fp8 else (1 if setting.checkpointing else shape.layers)
     linear = shape.layer_parameters() - shape.layer_norm_and_bias_parameters()
     head = 0 if setting.fused_loss else shape.vocab * shape.hidden
+    adapters = workload.adapters
+    if adapters is not None:  # frozen weights loaded in bf16 need no cast; the adapters' casts are saved too
+        frozen = adapters.frozen_bytes == FP32
+        head_adapter = adapter_parameters(shape, adapters) - shape.layers * adapter_layer_parameters(shape, adapters)
+        linear = linear * frozen + adapter_layer_parameters(shape, adapters)
+        head = head * frozen + head_adapter
     return low * (layers * linear + head)
 
 
@@ -143,7 +217,8 @@ def logits_bytes(shape: ModelShape, workload: Workload, setting: Setting) -> flo
         # the float32 logits buffer, its gradient's cast to the compute dtype (none in float32: the buffer itself),
         # the hidden states' gradient, the head's float32 gradient
         cast = 0 if out == FP32 else out
-        return chunk * shape.vocab * (FP32 + cast) + tokens * shape.hidden * out + FP32 * shape.vocab * shape.hidden
+        head_gradient = FP32 * shape.vocab * shape.hidden if workload.adapters is None else 0  # none: a frozen head
+        return chunk * shape.vocab * (FP32 + cast) + tokens * shape.hidden * out + head_gradient
     # at the start of the backward: float32 log-softmax output, its incoming gradient and the gradient it makes
     return tokens * shape.vocab * 3 * FP32
 
@@ -153,35 +228,41 @@ def breakdown(
 ) -> Breakdown:
     """Per-card bytes of training ``shape`` with ``setting`` on ``card``."""
     assumptions = assumptions or Assumptions()
+    adapters = workload.adapters
+    if adapters is not None and setting.fp8:
+        raise UserError("the planner does not count --fp8 with LoRA adapters (fp8 copies of frozen weights).")
     n = shape.parameters()
+    trained = trained_parameters(shape, workload)  # n, or the adapters' alone beside n frozen weights
     world = workload.world
     dp_shards = world if setting.strategy == "fsdp" else 1
-    low = FP32 if workload.precision == "fp32" else 2
+    low = FP32 if workload.precision == "fp32" and (adapters is None or adapters.frozen_bytes == FP32) else 2
 
-    weights = FP32 * n / dp_shards
+    weights = (FP32 * n if adapters is None else adapters.frozen_bytes * n + FP32 * trained) / dp_shards
     if setting.fp8:  # fp8 copies of the linear weights (and their transposes) beside the float32 ones
         weights += 2 * shape.layers * shape.layer_parameters() / dp_shards
-    gradients = FP32 * n / dp_shards
-    optimizer = 2 * FP32 * n / dp_shards
+    gradients = FP32 * trained / dp_shards
+    optimizer = 2 * FP32 * trained / dp_shards
     activations = activation_bytes(shape, workload, setting) + weight_cast_bytes(shape, workload, setting)
     logits = logits_bytes(shape, workload, setting)
-    head_gradient = 0.0 if setting.fused_loss else FP32 * shape.vocab * shape.hidden / dp_shards
+    head_trained = adapters is None and not setting.fused_loss  # the fused loss makes it in the forward
+    head_gradient = FP32 * shape.vocab * shape.hidden / dp_shards if head_trained else 0.0
 
     bucket_views = card.kind == "hpu" and setting.strategy == "ddp"  # devices/hpu.py: gradient_as_bucket_view
     communication = 0.0
     reducing = 0.0  # held only while gradients are reduced: by then the loss's tensors and most activations are freed
     if world > 1 and setting.strategy == "ddp" and not bucket_views:
-        communication = FP32 * n  # DDP's buckets, beside the gradients
+        communication = FP32 * trained  # DDP's buckets, beside the gradients (of trained weights only)
         if card.kind == "cpu":  # gloo reduces through a working copy of a bucket (HCCL and NCCL on the card)
-            reducing = min(FP32 * n, DDP_BUCKET_BYTES)
+            reducing = min(FP32 * trained, DDP_BUCKET_BYTES)
             communication += reducing
     elif world > 1 and setting.strategy == "fast_ddp":
-        communication = (2 if card.kind == "hpu" else FP32) * n  # the fused buffer: bf16 on a Gaudi, else float32
+        communication = (2 if card.kind == "hpu" else FP32) * trained  # the fused buffer: bf16 on a Gaudi, else fp32
     elif setting.strategy == "fsdp":
         layer = shape.layer_parameters()
+        layer_trained = layer if adapters is None else adapter_layer_parameters(shape, adapters)
         unsharded = shape.embedding_parameters() + shape.head_parameters()  # the root unit, kept gathered
         # two layers gathered (one prefetched) in the compute dtype, one layer's unsharded float32 gradient
-        communication = unsharded * low + 2 * layer * low + FP32 * layer
+        communication = unsharded * low + 2 * layer * low + FP32 * layer_trained
 
     if card.kind == "hpu" and workload.hpu_graphs:
         activations *= 1 + assumptions.hpu_graph_fraction.value
@@ -195,7 +276,10 @@ def breakdown(
     else:
         reserve = assumptions.reserve_gb_cpu.value * GB
 
-    workspace = assumptions.workspace_gb_cpu.value * GB if card.kind == "cpu" else 0.0
+    workspace = 0.0
+    if card.kind == "cpu":  # glibc keeps a share of the blocks the backward frees: it grows with what it frees
+        kept = assumptions.workspace_share_cpu.value * (activations + logits)
+        workspace = assumptions.workspace_gb_cpu.value * GB + kept
     states = weights + optimizer + communication - reducing + workspace + reserve
     together = setting.accumulation > 1 or bucket_views
     if together:

@@ -17,6 +17,9 @@ from ..errors import UserError
 
 GATED_FAMILY = {"llama", "mistral", "qwen2", "qwen3", "granite", "olmo2", "smollm3"}
 GPT2_FAMILY = {"gpt2"}
+# PEFT's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING for the families (peft 0.21: llama, mistral, qwen2, qwen3,
+# gpt2; it has none for granite, olmo2 and smollm3, where PEFT asks for target modules)
+LORA_DEFAULT_TARGETS = {"gated": ("q_proj", "v_proj"), "gpt2": ("c_attn",)}
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,37 @@ class ModelShape:
         """Parameters that multiply every token (the layers' linear weights and the output layer): 6 FLOPs each per
         trained token."""
         return self.layers * self.layer_parameters() + self.vocab * self.hidden
+
+    def linear_groups(self) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+        """A decoder layer's linear layers as (module name, inputs, outputs), grouped by the input they share (q, k
+        and v read one normalised input): what a LoRA adapter on each sees. GPT-2 names two layers c_proj."""
+        h, i, q, kv = self.hidden, self.intermediate, self.q_width, self.kv_width
+        if self.family == "gpt2":
+            return ((("c_attn", h, 3 * h),), (("c_proj", h, h),), (("c_fc", h, i),), (("c_proj", i, h),))
+        return (
+            (("q_proj", h, q), ("k_proj", h, kv), ("v_proj", h, kv)), (("o_proj", q, h),),
+            (("gate_proj", h, i), ("up_proj", h, i)), (("down_proj", i, h),),
+        )  # fmt: skip
+
+    def lora_targets(self, targets: tuple[str, ...] | list[str] | str | None) -> tuple[str, ...]:
+        """The module names LoRA adapts, as PEFT matches them: the names given (a module's last name, as PEFT
+        matches a suffix; ``all-linear``: every layer's linear layers), or PEFT's default for the family (Llama,
+        Mistral, Qwen: q_proj and v_proj; GPT-2: c_attn). ``lm_head`` is the output layer. A name the planner
+        does not know is one line (a regular expression, a module that is not a linear layer)."""
+        names = {name for group in self.linear_groups() for name, _, _ in group}
+        if not targets:
+            return LORA_DEFAULT_TARGETS[self.family]
+        targets = [targets] if isinstance(targets, str) else list(targets)
+        if "all-linear" in targets:  # PEFT's shorthand: every linear layer but the output layer
+            return tuple(sorted(names))
+        found = {str(t).rsplit(".", 1)[-1] for t in targets}
+        unknown = found - names - {"lm_head"}
+        if unknown:
+            raise UserError(
+                f"{self.name}: LoRA on {', '.join(sorted(unknown))} is not something the planner counts; it counts "
+                f"adapters on {', '.join(sorted(names | {'lm_head'}))}."
+            )
+        return tuple(sorted(found))
 
 
 def shape_from_config(config: dict[str, Any], name: str = "model") -> ModelShape:

@@ -1,10 +1,10 @@
 """The plan: every candidate setting's memory and speed on the cards, which fit, and the fastest that fits as a
-command line for examples/language-modeling/run_clm.py."""
+command line for examples/language-modeling/run_clm.py (run_lora_clm.py for LoRA adapters)."""
 
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import UserError
@@ -12,7 +12,7 @@ from .hardware import GB, Card
 from .hardware import card as find_card
 from .memory import Breakdown, breakdown
 from .model import ModelShape, load_model_shape
-from .settings import PRECISIONS, STRATEGIES, Assumptions, Setting, Workload
+from .settings import PRECISIONS, STRATEGIES, Adapters, Assumptions, Setting, Workload
 from .speed import tokens_per_second
 
 CONTEXT_PARALLEL_DEGREES = (1, 2, 4, 8, 16)
@@ -80,7 +80,7 @@ def candidate_settings(model: ModelShape, workload: Workload, card: Card) -> lis
         for strategy in STRATEGIES:
             if strategy != "ddp" and workload.world == 1:
                 continue
-            for fp8 in (False, True) if card.fp8_tflops else (False,):
+            for fp8 in (False, True) if card.fp8_tflops and workload.adapters is None else (False,):
                 for checkpointing in (False, True):
                     for fused in (False, True):
                         for micro in _divisors_up_to(per_rank):
@@ -100,17 +100,21 @@ def plan(
     assumptions: Assumptions | None = None,
     card_memory_gb: float | None = None,
     peak_tflops: float | None = None,
+    adapters: Adapters | None = None,
 ) -> Plan:
     """Weigh every candidate setting for training ``model`` (a path, a config, a Hub id online) on ``cards`` cards
-    per node times ``nodes``: each one's per-card memory, whether it fits, its rough tokens/s."""
+    per node times ``nodes``: each one's per-card memory, whether it fits, its rough tokens/s. ``adapters``: train
+    LoRA adapters on the frozen model instead of every weight."""
     if precision not in PRECISIONS:
         raise UserError(f"precision {precision!r}: choose one of {', '.join(PRECISIONS)}.")
     for name, value in (("cards", cards), ("nodes", nodes), ("sequence", sequence), ("global batch", global_batch)):
         if value < 1:
             raise UserError(f"the {name} must be at least 1, got {value}.")
     shape = load_model_shape(model)
+    if adapters is not None:  # the modules as PEFT will find them (one line for a name the planner does not know)
+        adapters = replace(adapters, targets=shape.lora_targets(adapters.targets))
     target = card if isinstance(card, Card) else find_card(card, card_memory_gb, peak_tflops)
-    workload = Workload(cards, nodes, sequence, global_batch, precision, hpu_graphs)
+    workload = Workload(cards, nodes, sequence, global_batch, precision, hpu_graphs, adapters)
     assumptions = assumptions or Assumptions()
     settings = candidate_settings(shape, workload, target)
     if not settings:
@@ -128,14 +132,25 @@ def plan(
 
 
 def command_line(setting: Setting, plan: Plan, model_arg: str = "MODEL", output_dir: str = "/tmp/plan_run") -> str:
-    """``setting`` as an `optimum-gaudi launch` command of examples/language-modeling/run_clm.py, flags as the
-    training arguments spell them."""
+    """``setting`` as an `optimum-gaudi launch` command of examples/language-modeling/run_clm.py (run_lora_clm.py
+    with adapters, its rows packed to the sequence and the weights loaded as planned), flags as the training
+    arguments spell them."""
     w = plan.workload
     args = ["optimum-gaudi", "launch", "--world_size", str(w.cards)]
     if w.nodes > 1:
         args += ["--nnodes", str(w.nodes)]
-    args += ["examples/language-modeling/run_clm.py", "--model_name_or_path", model_arg, "--do_train"]
-    args += ["--block_size", str(w.sequence), "--per_device_train_batch_size", str(setting.micro_batch)]
+    lora = w.adapters
+    if lora is None:
+        args += ["examples/language-modeling/run_clm.py", "--model_name_or_path", model_arg, "--do_train"]
+        args += ["--block_size", str(w.sequence)]
+    else:
+        args += ["examples/language-modeling/run_lora_clm.py", "--model_name_or_path", model_arg, "--do_train"]
+        args += ["--torch_dtype", "bfloat16" if lora.frozen_bytes == 2 else "float32", "--peft_type", "lora"]
+        args += ["--lora_rank", str(lora.rank), "--lora_target_modules", *lora.targets]
+        if not lora.dropout:
+            args += ["--lora_dropout", "0"]
+        args += ["--max_seq_length", str(w.sequence), "--dataset_concatenation"]
+    args += ["--per_device_train_batch_size", str(setting.micro_batch)]
     args += ["--gradient_accumulation_steps", str(setting.accumulation)]
     if w.precision == "bf16":
         args.append("--bf16")

@@ -4,6 +4,7 @@ smallest), the memory parts in GB, the recommendation as a command, and the assu
 from __future__ import annotations
 
 from .hardware import GB
+from .memory import adapter_parameters
 from .planner import Candidate, Plan
 
 
@@ -23,6 +24,10 @@ def representatives(plan: Plan) -> list[Candidate]:
     return fits + sorted((c for c in chosen if not c.fits), key=lambda c: c.memory.peak)  # nearest to fitting first
 
 
+def _adapter_count(plan: Plan) -> int:
+    return adapter_parameters(plan.model, plan.workload.adapters)
+
+
 def _gb(value: float) -> str:
     return f"{value / GB:.1f}"
 
@@ -34,8 +39,14 @@ def format_plan(plan: Plan, rows: int = 12, model_arg: str = "MODEL") -> str:
         f"vocabulary {m.vocab})",
         f"cards: {w.cards} x {card.name} ({card.memory_gb:.0f} GB each) x {w.nodes} node(s); sequence {w.sequence}, "
         f"global batch {w.global_batch}, {w.precision}",
-        "",
     ]
+    if w.adapters is not None:
+        a = w.adapters
+        lines.append(
+            f"trained: {a.label()} ({_adapter_count(plan) / 1e6:.1f}M parameters), the rest frozen in "
+            f"{'bf16' if a.frozen_bytes == 2 else 'float32'}"
+        )
+    lines.append("")
     header = ["setting (micro x accum)", "weights", "grads", "optim", "activ", "logits", "comm", "work", "reserve", "peak GB",
               "fits", "tokens/s"]  # fmt: skip
     table = [header]
@@ -68,6 +79,10 @@ def format_plan(plan: Plan, rows: int = 12, model_arg: str = "MODEL") -> str:
     if a.reserve_gb is not None:
         reserve = (f"{a.reserve_gb.value:g} GB", a.reserve_gb)
     lines.append(f"  runtime reserve {reserve[0]} (--reserve_gb): {reserve[1].source}")
+    if card.kind == "cpu":
+        lines.append(f"  CPU workspace {a.workspace_gb_cpu.value:g} GB + {a.workspace_share_cpu.value:.0%} of the "
+                     f"activations and logits (Python: Assumptions.workspace_gb_cpu, workspace_share_cpu): "
+                     f"{a.workspace_share_cpu.source}")  # fmt: skip
     if card.kind == "hpu":
         lines.append(f"  HPU Graphs {a.hpu_graph_fraction.value:.0%} of activations (--hpu_graph_fraction): "
                      f"{a.hpu_graph_fraction.source}")  # fmt: skip

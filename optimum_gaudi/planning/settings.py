@@ -13,6 +13,27 @@ PRECISIONS = ("bf16", "fp32")
 
 
 @dataclass(frozen=True)
+class Adapters:
+    """LoRA adapters trained beside a frozen model (run_lora_clm.py, TRL's ``--use_peft``): the frozen weights
+    get no gradient and no optimizer state, the adapters both; the backward still runs through the frozen layers
+    to reach the adapters, so what it needs of them is kept (less than full fine-tuning keeps: a frozen linear layer
+    keeps no input, a norm with frozen weights only its input).
+
+    ``targets``: the adapted modules (ModelShape.lora_targets: () is PEFT's default for the family). ``dropout``:
+    ``lora_dropout`` > 0, which keeps a mask and an output per adapted input. ``frozen_bytes``: bytes of a frozen
+    weight as loaded, 4 (float32) or 2 (bf16/fp16: ``--torch_dtype``, or the checkpoint's own dtype, which
+    transformers 5 loads by default); the adapters are float32 either way (PEFT's ``autocast_adapter_dtype``)."""
+
+    rank: int = 8
+    targets: tuple[str, ...] = ()
+    dropout: bool = True
+    frozen_bytes: int = 4
+
+    def label(self) -> str:
+        return f"LoRA r{self.rank} {'+'.join(self.targets) or 'default modules'}"
+
+
+@dataclass(frozen=True)
 class Workload:
     """The job: how many cards on how many nodes, the sequence length and the global batch (sequences per
     optimizer step, all cards together). ``precision``: ``bf16`` is autocast over float32 weights (--bf16),
@@ -24,6 +45,7 @@ class Workload:
     global_batch: int = 8
     precision: str = "bf16"
     hpu_graphs: bool = False  # --use_hpu_graphs_for_training on a Gaudi (adds the assumed graph memory)
+    adapters: Adapters | None = None  # LoRA on a frozen model; None: full fine-tuning, every weight trained
 
     @property
     def world(self) -> int:
@@ -80,10 +102,14 @@ class Assumptions:
         "after importing torch, transformers and GaudiTrainer, before a model is built: 0.49 GB (docs/planning.md)"
     )  # fmt: skip
     workspace_gb_cpu: Assumption = _assumption(
-        0.06, "calibrated on this machine (AMD EPYC, torch 2.13): a 7M-parameter Llama trained on one CPU process "
-        "peaked 43-86 MB above what the parts count over five runs (BENCH_SECTIONS=plan make bench, row 'llama', "
-        "2026-11-28): the math libraries' buffers, the loop's own state and the heap's kept blocks; the other "
-        "rows check it"
+        0.05, "fitted on this machine (AMD EPYC, glibc 2.36, torch 2.13): the fixed part of what a CPU training "
+        "process holds beyond its tensors (the math libraries' buffers, the loop's own state), from 23 settings of "
+        "the plan bench, 7M to 107M parameters (2026-11-28, docs/planning.md: the fit and its data)"
+    )  # fmt: skip
+    workspace_share_cpu: Assumption = _assumption(
+        0.25, "fitted with workspace_gb_cpu (the same 23 settings): the heap's kept blocks, as a share of what the "
+        "backward frees (activations and the loss's tensors), which the heap reuses only in part; it is what grows "
+        "with the model and the batch"
     )  # fmt: skip
     reserve_gb: Assumption | None = None  # given: the runtime reserve in GB on any card, instead of the above
     hpu_graph_fraction: Assumption = _assumption(

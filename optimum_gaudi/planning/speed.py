@@ -4,6 +4,7 @@ that compute does not hide. A ranking aid with one significant figure of trust, 
 from __future__ import annotations
 
 from .hardware import GB, Card
+from .memory import adapter_parameters, trained_parameters
 from .model import ModelShape
 from .settings import Assumptions, Setting, Workload
 
@@ -15,20 +16,22 @@ def flops_per_token(shape: ModelShape, workload: Workload, setting: Setting) -> 
     passes = 8 if setting.checkpointing else 6
     dense = passes * shape.matmul_parameters()
     attention = passes * shape.layers * workload.sequence * shape.q_width
+    if workload.adapters is not None:  # frozen weights: no weight gradient, 2 FLOPs fewer; the adapters' own 6 (8)
+        dense = (passes - 2) * shape.matmul_parameters() + passes * adapter_parameters(shape, workload.adapters)
     return float(dense), float(attention)
 
 
 def communication_seconds(shape: ModelShape, workload: Workload, setting: Setting, card: Card,
                           assumptions: Assumptions) -> float:  # fmt: skip
     """Seconds per optimizer step each rank spends in collectives (ring algorithms), before any overlap."""
-    world, n = workload.world, shape.parameters()
+    world, n = workload.world, trained_parameters(shape, workload)  # gradients of the trained weights
     if world == 1:
         return 0.0
     bandwidth = (card.link_gb_s if workload.nodes == 1 else assumptions.internode_gb_s.value) * GB
     share = (world - 1) / world  # every rank holds (a shard of) every weight: gradients meet across all of them
     low = 4 if workload.precision == "fp32" else 2
     if setting.strategy == "fsdp":  # each micro-batch: gather for forward and backward, reduce-scatter gradients
-        data = setting.accumulation * share * n * (2 * low + 4)
+        data = setting.accumulation * share * (shape.parameters() * 2 * low + n * 4)
     else:  # one all-reduce of the gradients a step (fast_ddp: bf16 on a Gaudi)
         data = 2 * share * n * (2 if setting.strategy == "fast_ddp" and card.kind == "hpu" else 4)
     seconds = data / bandwidth * (1 - assumptions.overlap.value)

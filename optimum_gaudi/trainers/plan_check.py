@@ -2,13 +2,18 @@
 instead of an out-of-memory error after the first compile. ``--ignore_plan`` goes on anyway.
 
 Two entry points, one check: :func:`check_plan_before_loading`, which a script calls with its arguments and the
-model's config before it loads any weight (the examples do), and :func:`check_the_plan`, which the trainer calls
-before step 1 for a script that did not (a run checked before loading is not checked again).
+model's config before it loads any weight (run_clm.py, run_lora_clm.py, demo.py and TRL's sft.py do), and
+:func:`check_the_plan`, which the trainer calls before step 1 for a script that did not (a run checked before
+loading is not checked again).
 
 Only on a card (a Gaudi, a GPU): a CPU's memory is shared with the OS and the other ranks of the machine, where
-`optimum-gaudi plan --card cpu` answers instead. The sequence length is the first training example's (exact for
-run_clm.py's blocks; a padded dataset's longer rows are not seen); a model family the planner does not know, or a
-dataset it cannot index, is not checked. Every rank computes the same numbers, so all refuse together.
+`optimum-gaudi plan --card cpu` answers instead. The sequence length is the script's (its block or its longest row)
+or, at step 1, the first training example's (exact for run_clm.py's blocks; a padded dataset's longer rows are not
+seen). Counted: full fine-tuning, and LoRA adapters on a frozen model (one rank, on linear layers the planner
+knows); other frozen-weight runs (AdaLoRA, IA3, prompt tuning, modules_to_save) are not checked, nor a dataset it
+cannot index, nor a model family the planner does not know: run_mlm.py, run_glue.py and run_summarization.py go
+unchecked, because the arithmetic is for decoder-only causal LMs and an encoder (BERT) or encoder-decoder (T5)
+would need its own formula and measured rows. Every rank computes the same numbers, so all refuse together.
 """
 
 from __future__ import annotations
@@ -16,10 +21,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import transformers
+
 from ..errors import UserError
-from ..planning import Card, ModelShape, PlanDoesNotFit, check_run, load_model_shape
+from ..planning import Adapters, Card, ModelShape, PlanDoesNotFit, adapter_parameters, check_run, load_model_shape
 
 GB = 1e9
+TRANSFORMERS_5 = int(transformers.__version__.split(".")[0]) >= 5
 
 
 def card_of(device: Any) -> Card | None:
@@ -28,6 +36,48 @@ def card_of(device: Any) -> Card | None:
         return None
     _, total = device.memory_info()
     return Card(f"this {device.type}", total / GB, None, None, 0.0, "the device's own total", device.type)
+
+
+def weight_bytes_as_loaded(config: Any, torch_dtype: str | None, pretrained: bool) -> int:
+    """Bytes of a weight as the examples load it: ``--torch_dtype`` where given; else the checkpoint's own dtype on
+    transformers 5 (from_pretrained's default is ``dtype="auto"``), float32 on transformers 4; a model built from
+    its config is float32."""
+    if not pretrained:
+        return 4
+    if torch_dtype is None and not TRANSFORMERS_5:
+        return 4
+    if torch_dtype in (None, "auto"):
+        get = config.get if isinstance(config, dict) else lambda key: getattr(config, key, None)
+        torch_dtype = str(get("dtype") or get("torch_dtype") or "float32")
+    return 2 if "16" in str(torch_dtype) else 4
+
+
+def adapters_of(model: Any, shape: ModelShape) -> Adapters | None:
+    """The LoRA adapters a loaded model trains, as the planner counts them, or None where it cannot: something
+    besides LoRA matrices trains, the ranks differ, or the planner's count of the adapters is not the model's."""
+    trained, targets, ranks = 0, set(), set()
+    for name, parameter in model.named_parameters():
+        if not parameter.requires_grad:
+            continue
+        trained += parameter.numel()
+        parts = name.split(".")
+        if "lora_A" in parts and parts.index("lora_A") > 0:
+            targets.add(parts[parts.index("lora_A") - 1])
+            ranks.add(parameter.shape[0])
+        elif "lora_B" not in parts:
+            return None  # a bias, a module saved whole, another PEFT method's parameters: not counted
+    frozen = next((p for p in model.parameters() if not p.requires_grad and p.is_floating_point()), None)
+    if len(ranks) != 1 or frozen is None:
+        return None
+    dropout = any(
+        "lora_dropout" in name and getattr(module, "p", 0) > 0 for name, module in model.named_modules()
+    )  # fmt: skip
+    adapters = Adapters(ranks.pop(), tuple(sorted(targets)), dropout, frozen.element_size())
+    try:
+        counted = adapter_parameters(shape, adapters)
+    except UserError:
+        return None
+    return adapters if counted == trained else None
 
 
 def _first_sequence_length(dataset: Any) -> int | None:
@@ -46,37 +96,52 @@ def _shape_of(config: Any) -> ModelShape | None:
         return None
 
 
-def _check(shape: ModelShape, args: Any, sequence: int, device: Any) -> None:
+def _check(shape: ModelShape, args: Any, sequence: int, device: Any, adapters: Adapters | None) -> None:
     """The one check both entry points run: raise :class:`PlanDoesNotFit` where the plan exceeds the card."""
     card = card_of(device)
     if card is None:
         return
-    message = check_run(shape, args, sequence, card, world=args.world_size)
+    message = check_run(shape, args, sequence, card, world=args.world_size, adapters=adapters)
     if message is not None:
         raise PlanDoesNotFit(message)
 
 
-def check_plan_before_loading(config: Any, args: Any, sequence: int | None) -> None:
+def check_plan_before_loading(config: Any, args: Any, sequence: int | None, adapters: Adapters | None = None) -> None:
     """The run's plan checked from its model config and arguments alone, before any weight is read: what a script
-    calls once it has parsed its arguments and loaded the config (examples/language-modeling/run_clm.py). Raises
-    :class:`PlanDoesNotFit` (one line) where it does not fit; where it does, the trainer does not check it again."""
+    calls once it has parsed its arguments and loaded the config (run_clm.py with its block size, run_lora_clm.py
+    and TRL's sft.py with their longest row and, training LoRA, its ``adapters``). Raises :class:`PlanDoesNotFit`
+    (one line) where it does not fit; where it does, the trainer does not check it again."""
     shape = _shape_of(config)
     if args.ignore_plan or not sequence or shape is None:
         return
-    _check(shape, args, sequence, args.gaudi_device)
-    args._gaudi_plan_checked = (shape, sequence)  # noqa: SLF001 (read by check_the_plan, on the same arguments)
+    if adapters is not None:
+        try:  # the adapted modules as PEFT will find them, to compare with the loaded model's
+            adapters = dataclasses.replace(adapters, targets=shape.lora_targets(adapters.targets))
+        except UserError:
+            return  # modules the planner does not know: the trainer checks what the loaded model trains, if it can
+        if getattr(args, "fp8", False):
+            return
+    _check(shape, args, sequence, args.gaudi_device, adapters)
+    args._gaudi_plan_checked = (shape, adapters, sequence)  # noqa: SLF001 (read by check_the_plan, on these arguments)
 
 
 def check_the_plan(trainer: Any) -> None:
     """Raise :class:`PlanDoesNotFit` (one line) when the run's plan needs more memory than its card holds; for a
-    script that built its own model (no :func:`check_plan_before_loading`), once the weights are loaded."""
+    script that built its own model (no :func:`check_plan_before_loading`), once the weights are loaded. A model
+    with frozen weights is checked where it trains LoRA adapters the planner can count (:func:`adapters_of`)."""
     args = trainer.args
     if args.ignore_plan or trainer.train_dataset is None or getattr(trainer.model, "config", None) is None:
         return
-    if not all(parameter.requires_grad for parameter in trainer.model.parameters()):
-        return  # frozen weights (LoRA, PEFT) need far less than the full fine-tuning the planner counts
     sequence = _first_sequence_length(trainer.train_dataset)
     shape = _shape_of(trainer.model.config) if sequence else None
-    if shape is None or getattr(args, "_gaudi_plan_checked", None) == (shape, sequence):  # checked before loading
+    if shape is None:
         return
-    _check(shape, args, sequence, trainer.gaudi_device)
+    adapters = None
+    if not all(parameter.requires_grad for parameter in trainer.model.parameters()):
+        adapters = adapters_of(trainer.model, shape)
+        if adapters is None or getattr(args, "fp8", False):
+            return  # frozen weights the planner cannot count: its full fine-tuning plan would stop runs that fit
+    checked = getattr(args, "_gaudi_plan_checked", None)
+    if checked is not None and checked[:2] == (shape, adapters) and checked[2] >= sequence:  # checked before loading
+        return
+    _check(shape, args, sequence, trainer.gaudi_device, adapters)

@@ -63,3 +63,33 @@ def test_a_model_it_cannot_read_is_one_line(tmp_path, capsys, monkeypatch):
         assert main(["plan", model]) == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+
+
+def test_a_lora_plan_fits_where_full_fine_tuning_does_not_and_recommends_run_lora_clm(llama_8b, capsys):
+    """One Gaudi 2 cannot hold an 8B model's float32 weights, gradients and AdamW state; LoRA adapters on its bf16
+    weights fit, and the command is one run_lora_clm.py's own parser takes whole."""
+    import transformers
+    from support import EXAMPLES, load_example
+
+    common = ["plan", str(llama_8b), "--card", "gaudi2", "--cards", "1", "--sequence", "2048"]
+    assert main(common) == 1
+    capsys.readouterr()
+    assert main([*common, "--lora_rank", "8", "--lora_target_modules", "all-linear"]) == 0
+    out = capsys.readouterr().out
+    assert "trained: LoRA r8 down_proj+gate_proj+k_proj+o_proj+q_proj+up_proj+v_proj (21.0M parameters)" in out
+    command = next(line.strip() for line in out.splitlines() if line.strip().startswith("optimum-gaudi launch"))
+    words = command.split()
+    script = words.index("examples/language-modeling/run_lora_clm.py")
+    lora = load_example(EXAMPLES / "language-modeling" / "run_lora_clm.py")
+    parser = transformers.HfArgumentParser((lora.ModelArguments, lora.DataArguments, lora.GaudiTrainingArguments,
+                                            lora.FinetuneArguments))  # fmt: skip
+    namespace, unknown = parser.parse_known_args(words[script + 1 :])
+    assert unknown == []
+    assert namespace.peft_type == "lora" and namespace.lora_rank == 8 and len(namespace.lora_target_modules) == 7
+    assert namespace.max_seq_length == 2048 and namespace.torch_dtype == "bfloat16" and namespace.dataset_concatenation
+
+
+def test_lora_modules_the_planner_does_not_count_are_one_line(llama_8b, capsys):
+    assert main(["plan", str(llama_8b), "--lora_rank", "8", "--lora_target_modules", "embed_tokens"]) == 2
+    err = capsys.readouterr().err
+    assert "LoRA on embed_tokens is not something the planner counts" in err and err.count("\n") == 1

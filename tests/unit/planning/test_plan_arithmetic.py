@@ -13,11 +13,14 @@ from conftest import CPU_FSDP
 from support import EXAMPLES, load_example
 from tiny import gpt2_config, llama_config
 
+from optimum_gaudi.errors import UserError
 from optimum_gaudi.planning import (
+    Adapters,
     Assumption,
     Assumptions,
     Setting,
     Workload,
+    adapter_parameters,
     breakdown,
     card,
     load_model_shape,
@@ -257,3 +260,100 @@ def test_a_plan_over_its_card_by_less_than_the_measured_error_is_left_to_the_use
     peak = breakdown(load_model_shape(config), workload, Setting("ddp", micro_batch=1), h100).peak
     smaller = dataclasses.replace(h100, memory_gb=peak / GB / (1 + over))
     assert (check_run(config, args, sequence=4096, card=smaller, world=8) is not None) == stops
+
+
+def _lora_model(family: str, dtype, adapters: Adapters, **overrides):
+    import peft
+
+    torch.manual_seed(0)
+    if family == "llama":
+        config = llama_config(hidden_size=64, intermediate_size=160, max_position_embeddings=64, **overrides)
+    else:
+        config = gpt2_config(n_embd=64, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **overrides)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(dtype)
+    model.set_attn_implementation("sdpa")
+    targets = "all-linear" if adapters.targets == ("all-linear",) else list(adapters.targets) or None  # PEFT's forms
+    lora = peft.LoraConfig(r=adapters.rank, target_modules=targets, bias="none",
+                           lora_dropout=0.05 if adapters.dropout else 0.0, task_type="CAUSAL_LM")  # fmt: skip
+    return config, peft.get_peft_model(model, lora)
+
+
+@pytest.mark.parametrize(
+    ("family", "targets"),
+    [("llama", ()), ("llama", ("all-linear",)), ("llama", ("q_proj", "lm_head")), ("gpt2", ()), ("gpt2", ("c_proj",))],
+)
+def test_the_adapters_parameter_count_is_peft_s_own(family, targets):
+    pytest.importorskip("peft")
+    adapters = Adapters(rank=4, targets=targets)
+    config, model = _lora_model(family, torch.float32, adapters)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert adapter_parameters(load_model_shape(config), adapters) == trained
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize(
+    ("dropout", "frozen", "precision"),
+    [(False, torch.float32, "fp32"), (True, torch.float32, "fp32"), (True, torch.float32, "bf16"),
+     (True, torch.bfloat16, "fp32"), (False, torch.bfloat16, "bf16")],
+    ids=["fp32", "fp32_dropout", "autocast_dropout", "bf16_weights_dropout", "bf16_weights_autocast"],
+)  # fmt: skip
+def test_a_lora_layers_activations_are_what_autograd_saves(family, dropout, frozen, precision):
+    """LoRA on a frozen layer: the formula (planning/memory.py frozen_layer_bytes) against the tensors autograd keeps
+    for one layer's backward, and the weight casts autocast saves: exactly, once the norms' per-token statistics,
+    SDPA's log-sum-exp and the rotary tables (per position), which the formula leaves out, are set aside."""
+    pytest.importorskip("peft")
+    adapters = Adapters(rank=8, dropout=dropout, frozen_bytes=2 if frozen == torch.bfloat16 else 4)
+    config, model = _lora_model(family, frozen, adapters, num_hidden_layers=1) if family == "llama" else \
+        _lora_model(family, frozen, adapters, n_layer=1)  # fmt: skip
+    model.train()
+    inner = model.base_model.model
+    layer = inner.model.layers[0] if family == "llama" else inner.transformer.h[0]
+    batch, sequence = 2, 24  # 48 tokens: no 2-D activation has a weight's first dimension
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    activations, casts = {}, {}
+
+    heads = config.num_attention_heads if family == "llama" else config.n_head
+
+    def pack(t):
+        storage = t.untyped_storage()
+        statistics = t.numel() <= batch * sequence * heads or (t.dim() == 4 and t.shape[0] == 1)
+        if storage.data_ptr() not in parameters and not statistics:
+            weight_cast = t.dim() == 2 and t.dtype == torch.bfloat16 and t.shape[0] != batch * sequence
+            (casts if weight_cast else activations)[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    hidden = torch.randn(batch, sequence, 64, dtype=frozen, requires_grad=True)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        if family == "llama":
+            positions = torch.arange(sequence)[None]
+            rotary = inner.model.rotary_emb(hidden, positions)
+            layer(hidden, position_embeddings=rotary, attention_mask=None, position_ids=positions)
+        else:
+            layer(hidden)
+    shape = load_model_shape(config)
+    workload = Workload(precision=precision, adapters=adapters)
+    predicted = layer_activation_bytes(shape, workload, Setting())
+    assert predicted * batch * sequence == sum(activations.values())
+    one_layer_casts = weight_cast_bytes(shape, workload, Setting(fused_loss=True))  # the output layer's left out
+    assert one_layer_casts == sum(casts.values())
+
+
+def test_lora_trains_the_adapters_and_keeps_the_frozen_weights_as_loaded():
+    """Gradients, optimizer state and DDP's buckets are the adapters' alone; the frozen weights count at their
+    loaded size; far less memory than full fine-tuning, which does not fit where LoRA does (a 70B Llama's 8
+    layers on one Gaudi 2)."""
+    shape = load_model_shape(dict(LLAMA_70B, num_hidden_layers=8))
+    adapters = Adapters(rank=16, targets=("q_proj", "v_proj"), frozen_bytes=2)
+    workload = Workload(cards=8, sequence=4096, global_batch=8, adapters=adapters)
+    setting = Setting("ddp", micro_batch=1)
+    lora = breakdown(shape, workload, setting, card("h100"))
+    full = breakdown(shape, dataclasses.replace(workload, adapters=None), setting, card("h100"))
+    trained = adapter_parameters(shape, adapters)
+    assert trained == 8 * 16 * (2 * 8192 + 8192 + 1024)
+    assert lora.gradients == 4 * trained and lora.optimizer == 8 * trained
+    assert lora.weights == 2 * shape.parameters() + 4 * trained
+    assert lora.communication == 4 * trained  # DDP's buckets on a GPU
+    assert lora.activations < full.activations and lora.peak < 80 * GB < full.peak
+    with pytest.raises(UserError, match="not something the planner counts"):
+        adapter_parameters(shape, Adapters(targets=("embed_tokens",)))

@@ -1,9 +1,11 @@
-"""run_clm.py checks its memory plan from its arguments and the model's config before it reads any weight (issue
-48): a run that cannot fit its card stops with one line and a non-zero status; a run that fits is not checked
-again by the trainer. This CPU has no card, so one is stood in for (1 GB, less than a GPU's 2 GB reserve)."""
+"""run_clm.py, run_lora_clm.py and TRL's sft.py check their memory plan from their arguments and the model's config
+before they read any weight (issue 48): a run that cannot fit its card stops with one line and a non-zero status
+(--ignore_plan trains anyway); a run that fits is not checked again by the trainer. This CPU has no card, so one is
+stood in for (1 GB, less than a GPU's 2 GB reserve)."""
 
 from __future__ import annotations
 
+import pytest
 import transformers
 from support import EXAMPLES, load_example
 from tiny import llama
@@ -53,3 +55,82 @@ def test_a_run_checked_before_loading_is_not_checked_again_by_the_trainer(tmp_pa
 
     assert status == 0
     assert len(checks) == 1  # before loading only; train() found the same model and sequence checked
+
+
+def _saved_model(path, tokenizer, weights: bool = True):
+    """A tiny Llama over ``tokenizer``'s vocabulary, saved with the tokenizer; without ``weights`` its weights file
+    is not one (reading it would fail with another message)."""
+    llama(vocab_size=len(tokenizer), max_position_embeddings=64).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    if not weights:
+        (path / "model.safetensors").write_bytes(b"not weights")
+    return path
+
+
+def _refused_before_loading(main, argv, monkeypatch, capsys) -> str:
+    loaded = []
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr(plan_check, "card_of", lambda device: SMALL_CARD)
+    status = call_main(main, argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == EXIT_USER_ERROR != 0
+    assert err[-1].startswith("error: the plan says this run needs ") and "--ignore_plan" in err[-1]
+    assert not any("Traceback" in line for line in err)
+    assert loaded == []  # from_pretrained never called: no weight read
+    monkeypatch.undo()
+    return err[-1]
+
+
+def _trains_checked_once_and_not_with_ignore_plan(main, argv, monkeypatch) -> None:
+    """On a card its plan fits the run trains, checked once (before loading); with --ignore_plan on a card too
+    small it trains too, unchecked."""
+    checks = []
+    real = plan_check.check_run
+    monkeypatch.setattr(plan_check, "check_run", lambda *a, **k: checks.append(k) or real(*a, **k))
+    for card, more, expected in ((LARGE_CARD, [], 1), (SMALL_CARD, ["--ignore_plan", "--overwrite_output_dir"], 0)):
+        monkeypatch.setattr(plan_check, "card_of", lambda device, card=card: card)
+        checks.clear()
+        assert call_main(main, [*argv, *more]) == 0
+        assert len(checks) == expected
+        assert expected == 0 or checks[0]["adapters"] is not None
+
+
+def test_a_lora_run_checks_its_adapters_plan_before_its_weights_load(tmp_path, monkeypatch, capsys):
+    """run_lora_clm.py: the plan of its LoRA adapters (rank, target modules, dropout, the frozen weights as loaded),
+    at --max_seq_length, from the config alone."""
+    pytest.importorskip("peft")
+    lora = load_example(EXAMPLES / "language-modeling" / "run_lora_clm.py")
+    tokenizer = lora.run_clm.default_tokenizer()
+    common = ["--do_train", "--max_seq_length", "32", "--lora_rank", "4", "--per_device_train_batch_size", "2",
+              "--report_to", "none", "--save_strategy", "no", "--disable_tqdm", "true"]  # fmt: skip
+    broken = _saved_model(tmp_path / "broken", tokenizer, weights=False)
+    line = _refused_before_loading(
+        lora.main, ["--model_name_or_path", str(broken), "--output_dir", str(tmp_path / "a"), *common],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert "(ddp 2x1, LoRA r4 q_proj+v_proj, sequence 32;" in line
+    model = _saved_model(tmp_path / "model", tokenizer)
+    argv = ["--model_name_or_path", str(model), "--output_dir", str(tmp_path / "b"), "--max_steps", "1",
+            "--max_train_samples", "8", "--save_last_ckpt", "false", *common]  # fmt: skip
+    _trains_checked_once_and_not_with_ignore_plan(lora.main, argv, monkeypatch)
+
+
+def test_trl_sft_checks_its_plan_before_its_weights_load(tmp_path, monkeypatch, capsys):
+    """TRL's sft.py: the plan at --max_length (its rows' longest), with --use_peft of its LoRA adapters."""
+    pytest.importorskip("peft")
+    sft = load_example(EXAMPLES / "trl" / "sft.py")
+    tokenizer = load_example(EXAMPLES / "language-modeling" / "run_clm.py").default_tokenizer()
+    common = ["--max_length", "32", "--per_device_train_batch_size", "2", "--report_to", "none",
+              "--save_strategy", "no", "--disable_tqdm", "true"]  # fmt: skip
+    broken = str(_saved_model(tmp_path / "broken", tokenizer, weights=False))
+    line = _refused_before_loading(
+        sft.main, ["--model_name_or_path", broken, "--output_dir", str(tmp_path / "a"), *common], monkeypatch, capsys
+    )
+    assert "(ddp+ckpt 2x1, sequence 32;" in line  # TRL's SFTConfig checkpoints by default
+    line = _refused_before_loading(sft.main, ["--model_name_or_path", broken, "--output_dir", str(tmp_path / "a"),
+                                              "--use_peft", "--lora_r", "4", *common], monkeypatch, capsys)  # fmt: skip
+    assert "(ddp+ckpt 2x1, LoRA r4 q_proj+v_proj, sequence 32;" in line
+    model = str(_saved_model(tmp_path / "model", tokenizer))
+    argv = ["--model_name_or_path", model, "--output_dir", str(tmp_path / "b"), "--use_peft", "--lora_r", "4",
+            "--max_steps", "1", "--max_train_samples", "8", *common]  # fmt: skip
+    _trains_checked_once_and_not_with_ignore_plan(sft.main, argv, monkeypatch)
