@@ -5,6 +5,7 @@ predictions: tests/integration/planning/test_plan_against_measured_runs.py."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -428,3 +429,34 @@ def test_bf16_weights_train_with_bf16_gradients_and_adamw_moments():
         full = breakdown(shape, Workload(cards=1, sequence=8, global_batch=1, precision=precision), setting, cpu)
         assert (full.weights, full.gradients, full.optimizer) == (4 * n, 4 * n, 8 * n)
     assert bf16.peak < full.peak
+
+
+LLAMA_8B = dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192)  # fmt: skip
+
+
+def test_a_plan_of_bf16_weights_trains_them_in_bf16_and_its_command_loads_them_so(tmp_path, capsys):
+    """`optimum-gaudi plan --torch_dtype bfloat16` without --lora_rank: every weight loaded and trained in bf16 (a
+    bf16 checkpoint as transformers 5 loads it), 8 bytes a parameter with gradients and AdamW's moments where float32
+    takes 16: an 8B Llama fits one Gaudi 2 so, not in float32 (the default); the command loads the weights in bf16
+    with flags run_clm.py's own parser takes."""
+    from optimum_gaudi.cli import main
+
+    config = tmp_path / "llama-8b.json"
+    config.write_text(json.dumps(LLAMA_8B))
+    common = ["plan", str(config), "--card", "gaudi2", "--cards", "1", "--sequence", "2048"]
+    assert main(common) == 1 and "trained: every weight" not in capsys.readouterr().out
+    assert main([*common, "--torch_dtype", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "trained: every weight, in bf16 as loaded" in out
+    command = next(line.strip() for line in out.splitlines() if line.strip().startswith("optimum-gaudi launch"))
+    words = command.split()
+    clm = load_example(EXAMPLES / "language-modeling" / "run_clm.py")
+    parser = transformers.HfArgumentParser((clm.ModelArguments, clm.DataTrainingArguments,
+                                            clm.GaudiTrainingArguments))  # fmt: skip
+    namespace, unknown = parser.parse_known_args(words[words.index("examples/language-modeling/run_clm.py") + 1 :])
+    assert unknown == [] and namespace.torch_dtype == "bfloat16" and namespace.block_size == 2048
+    bf16 = plan(LLAMA_8B, "gaudi2", cards=1, sequence=2048, weight_bytes=2)
+    n = load_model_shape(LLAMA_8B).parameters()
+    memory = next(c.memory for c in bf16.candidates if not c.setting.fp8)  # fp8 adds its copies of the weights
+    assert (memory.weights, memory.gradients, memory.optimizer) == (2 * n, 2 * n, 4 * n)
