@@ -1,7 +1,8 @@
 """The planner's per-rank memory against a measured training run on this CPU (issue 48's target: within 15%).
 
-Each setting trains in fresh processes (one, or torchrun's), float32 unless its flags ask for bf16 autocast or
-fp8 (torchao's float8 layers, from .venv-torchao). A rank measures the training's own memory: the resident set's
+Each setting trains in fresh processes (one, or torchrun's), float32 unless its flags ask for bf16 autocast,
+bf16 weights ("dtype": the model built in bf16 and trained so, as transformers 5 loads a bf16 checkpoint) or fp8
+(torchao's float8 layers, from .venv-torchao). A rank measures the training's own memory: the resident set's
 high-water mark (VmHWM, reset through /proc/self/clear_refs once the heap is trimmed) less the resident set just
 before the model is built, the same quantity as the plan's peak less its runtime reserve (``Breakdown.training``).
 The table compares the largest rank. Beside it, what was live at most (malloc's bytes in use, read after every
@@ -61,6 +62,9 @@ SETTINGS = {
     "llama_107m_long": (LLAMA_107M, 1, 1536, 2, {}),  # 3,072 tokens: the heap's kept blocks grow with activations
     "llama_bf16": (LLAMA, 1, 128, 4, {"bf16": True}),
     "gpt2_bf16": (GPT2, 1, 128, 4, {"bf16": True}),
+    # full fine-tuning of bf16 weights: bf16 gradients and AdamW moments, with and without autocast
+    "llama_bf16_weights": (LLAMA, 1, 128, 4, {"dtype": "bfloat16"}),
+    "llama_bf16_weights_autocast": (LLAMA, 1, 128, 4, {"dtype": "bfloat16", "bf16": True}),
     "llama_fp8": (LLAMA, 1, 128, 4, {"bf16": True, "fp8": True}),
     "llama_lora": (LLAMA, 1, 128, 4, {"lora": LORA}),
     "llama_lora_ckpt": (LLAMA, 1, 128, 4, {"lora": LORA, "gradient_checkpointing": True}),
@@ -159,6 +163,7 @@ def work(out: str, spec: str) -> None:
 
     config, _, sequence, micro, flags = json.loads(spec)
     lora = flags.pop("lora", None)
+    dtype = flags.pop("dtype", None)  # the weights built in it, as from_pretrained loads a checkpoint of it
     if lora is not None:
         import peft  # imported before the baseline, as the trainer's own imports are
     torch.set_num_threads(1)
@@ -179,7 +184,9 @@ def work(out: str, spec: str) -> None:
         in_use = _malloc_in_use()
         torch.manual_seed(0)
         model_config = transformers.AutoConfig.for_model(kind, **{k: v for k, v in config.items() if k != "model_type"})
-        model = transformers.AutoModelForCausalLM.from_config(model_config)
+        model = transformers.AutoModelForCausalLM.from_config(
+            model_config, **({"dtype": getattr(torch, dtype)} if dtype else {})
+        )
         if lora is not None:  # as run_lora_clm.py: frozen weights as loaded, float32 adapters
             if lora.get("dtype"):
                 model.to(getattr(torch, lora["dtype"]))
@@ -260,7 +267,8 @@ def predict(name: str):
         accumulation=flags.get("gradient_accumulation_steps", 1),
     )  # fmt: skip
     workload = Workload(cards=procs, sequence=sequence, global_batch=micro * procs // cp * setting.accumulation,
-                        precision="bf16" if flags.get("bf16") else "fp32", adapters=adapters)  # fmt: skip
+                        precision="bf16" if flags.get("bf16") else "fp32", adapters=adapters,
+                        weight_bytes=2 if flags.get("dtype") == "bfloat16" else 4)  # fmt: skip
     return load_model_shape(config), breakdown(load_model_shape(config), workload, setting, card("cpu"))
 
 
@@ -314,6 +322,8 @@ def _flag(key: str, value) -> str:
         targets = value["target_modules"]
         dtype = ", bf16 weights" if value.get("dtype") == "bfloat16" else ""
         return f"LoRA r{value['r']} {targets if isinstance(targets, str) else '+'.join(targets)}{dtype}"
+    if key == "dtype":
+        return f"{value} weights"
     return f"{key}={value}"
 
 
@@ -342,7 +352,7 @@ def _machine() -> str:
     vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
     bf16 = ", AVX512-BF16" if "avx512_bf16" in flags else ""
     return (f"Measured on: {model}, {vector}{bf16}, {os.cpu_count()} cores, torch {torch.__version__}; one thread a "
-            "process; float32 unless the flags say bf16 (autocast) or fp8 (torchao); MB = 10^6 bytes. The cores may be "
+            "process; float32 unless the flags say bf16 (autocast), bfloat16 weights or fp8 (torchao); MB = 10^6 bytes. The cores may be "
             "shared with other work: the load average at the start is in the line below.")  # fmt: skip
 
 

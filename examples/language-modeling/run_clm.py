@@ -72,7 +72,7 @@ from optimum_gaudi.data.corpus import (
     tokenize_and_group,
 )
 from optimum_gaudi.errors import UserError, exception_chain, one_line, quiet_argparse_errors, run_main
-from optimum_gaudi.trainers.plan_check import check_plan_before_loading
+from optimum_gaudi.trainers.plan_check import check_plan_before_loading, weight_bytes_as_loaded
 from optimum_gaudi.trainers.training_args import check_report_to
 
 logger = logging.getLogger(__name__)
@@ -543,7 +543,8 @@ def build_trainer(
     from_scratch = model_args.model_name_or_path is None
     block_size = resolve_block_size(data_args, tokenizer, config, from_scratch, user_keys)
     if training_args.do_train:  # a plan that cannot fit its card: one line now, not an OOM after the weights load
-        check_plan_before_loading(config, training_args, block_size)
+        weights = weight_bytes_as_loaded(config, model_args.torch_dtype, pretrained=not from_scratch)
+        check_plan_before_loading(config, training_args, block_size, weight_bytes=weights)
     raw, column, splits = load_texts(data_args, model_args, training_args, block_size)  # data mistakes first
     model = load_model(model_args, config, tokenizer)
     if wrap_model is not None:

@@ -42,10 +42,12 @@ def check_the_plan_before_loading(script: ScriptArguments, args: GaudiSFTConfig)
 
     def check(model_config: Any) -> None:
         adapters = None
+        weights = weight_bytes_as_loaded(model_config, None, pretrained=bool(script.model_name_or_path))
         if script.use_peft:
-            frozen = weight_bytes_as_loaded(model_config, None, pretrained=bool(script.model_name_or_path))
-            adapters = Adapters(script.lora_r, tuple(script.lora_target_modules or ()), script.lora_dropout > 0, frozen)
-        check_plan_before_loading(model_config, args, args.max_length, adapters)
+            adapters = Adapters(
+                script.lora_r, tuple(script.lora_target_modules or ()), script.lora_dropout > 0, weights
+            )
+        check_plan_before_loading(model_config, args, args.max_length, adapters, weight_bytes=weights)
 
     return check
 

@@ -25,7 +25,7 @@ def _adapters(args) -> Adapters | None:
         return None
     if args.lora_rank < 1:
         raise CommandError(f"--lora_rank must be at least 1, got {args.lora_rank}.")
-    frozen = 2 if args.torch_dtype == "bfloat16" else 4
+    frozen = 4 if args.torch_dtype == "float32" else 2  # bf16 unless float32 is asked
     return Adapters(args.lora_rank, tuple(args.lora_target_modules or ()), args.lora_dropout > 0, frozen)
 
 
@@ -36,6 +36,7 @@ def run(args) -> int:
             global_batch=args.global_batch or args.cards * args.nodes, precision=args.precision,
             hpu_graphs=args.hpu_graphs, assumptions=_assumptions(args), card_memory_gb=args.card_memory_gb,
             peak_tflops=args.peak_tflops, adapters=_adapters(args),
+            weight_bytes=2 if args.torch_dtype == "bfloat16" and args.lora_rank is None else 4,
         )  # fmt: skip
     except UserError as e:
         raise CommandError(str(e)) from None
@@ -65,8 +66,10 @@ def add_command(subparsers) -> None:
     parser.add_argument("--lora_target_modules", nargs="+", help="modules LoRA adapts (default: PEFT's choice, "
                         "q_proj v_proj for Llama); all-linear: every linear layer")  # fmt: skip
     parser.add_argument("--lora_dropout", type=float, default=0.05, help="LoRA dropout (default 0.05)")
-    parser.add_argument("--torch_dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                        help="with --lora_rank: the frozen weights as loaded (default bfloat16)")  # fmt: skip
+    parser.add_argument("--torch_dtype", choices=["bfloat16", "float32"],
+                        help="the weights as loaded: with --lora_rank the frozen ones (default bfloat16); else the "
+                        "trained ones, bfloat16 training them in bf16 as transformers 5 does a bf16 checkpoint "
+                        "(default float32)")  # fmt: skip
     parser.add_argument("--card_memory_gb", type=float, help="the card's memory, if not the listed figure")
     parser.add_argument("--peak_tflops", type=float, help="the card's dense bf16 peak, if not the listed figure")
     parser.add_argument("--reserve_gb", type=float, help="the runtime's own memory per card, GB")

@@ -2,13 +2,16 @@
 
 Counted per rank (one process per card):
 
-- weights: float32 master weights (the optimizer steps them), plus fp8 copies of the linear weights with --fp8;
-- gradients: float32, one per weight;
-- optimizer state: AdamW's two float32 moments;
+- weights: as loaded (``Workload.weight_bytes``): float32 master weights under --bf16 autocast or none, bf16 where
+  the run loads them in bf16 (a bf16 checkpoint as transformers 5 loads it, ``--torch_dtype bfloat16``), which it
+  then trains in bf16; plus fp8 copies of the linear weights with --fp8;
+- gradients: one per weight, in its dtype;
+- optimizer state: AdamW's two moments, in the weights' dtype (torch's AdamW makes them ``zeros_like`` the
+  parameter);
 - activations: what each decoder layer saves for its backward, per token (``layer_activation_bytes``), for the
   tokens this rank holds (micro-batch x sequence / context-parallel degree); with gradient checkpointing only
   each layer's input, plus one layer recomputed; under bf16 autocast also the bf16 casts of the linear weights
-  each matmul saves (``weight_cast_bytes``);
+  each matmul saves (``weight_cast_bytes``); with bf16 weights the residual stream is bf16 and no weight is cast;
 - logits/loss: the [tokens, vocabulary] logits, their float32 log-softmax and its gradient; with the fused loss
   only one chunk of them and the output layer's gradient, computed in the forward;
 - communication buffers: DDP's gradient buckets (a Gaudi's gradients are views into them) and on a CPU gloo's
@@ -72,12 +75,36 @@ class Breakdown:
         return self.peak - self.reserve
 
 
+def low_precision_weights(workload: Workload) -> bool:
+    """Full fine-tuning of weights loaded in bf16 (or fp16): they train in that dtype, no float32 master copy."""
+    return workload.adapters is None and workload.weight_bytes != FP32
+
+
+def loaded_bytes(workload: Workload) -> int:
+    """Bytes of a model weight as loaded: the trained ones in full fine-tuning, the frozen ones beside adapters."""
+    return workload.weight_bytes if workload.adapters is None else workload.adapters.frozen_bytes
+
+
+def trained_bytes(workload: Workload) -> int:
+    """Bytes of a trained parameter, and so of its gradient and of each AdamW moment: the weights' own dtype in full
+    fine-tuning, float32 for adapters (PEFT's ``autocast_adapter_dtype``)."""
+    return workload.weight_bytes if workload.adapters is None else FP32
+
+
 def _element_bytes(workload: Workload, setting: Setting) -> tuple[int, int]:
-    """(bytes of a saved matmul output, bytes of a saved linear input): bf16 autocast saves its casts in bf16,
-    fp8 saves the linear layers' inputs in fp8."""
-    if workload.precision == "fp32":
+    """(bytes of a saved matmul output, bytes of a saved linear input): bf16 autocast saves its casts in bf16, bf16
+    weights compute in bf16, fp8 saves the linear layers' inputs in fp8."""
+    if workload.precision == "fp32" and not low_precision_weights(workload):
         return FP32, FP32
     return 2, 1 if setting.fp8 else 2
+
+
+def _norm_bytes(shape: ModelShape, workload: Workload) -> float:
+    """What one norm of a fully trained model saves per token besides its output: GPT-2's LayerNorm its input (the
+    residual stream's dtype, the weights'); Llama's RMSNorm its float32 input (a cast of a bf16 one) and the
+    normalised value in the weights' dtype, which its weight multiplies."""
+    residual = 2 if low_precision_weights(workload) else FP32
+    return (residual if shape.family == "gpt2" else FP32 + residual) * shape.hidden
 
 
 def adapter_layer_parameters(shape: ModelShape, adapters: Adapters) -> int:
@@ -135,27 +162,31 @@ def frozen_layer_bytes(shape: ModelShape, workload: Workload, adapters: Adapters
 def layer_activation_bytes(shape: ModelShape, workload: Workload, setting: Setting) -> float:
     """Bytes one decoder layer saves for its backward, per token. The residual stream and the norms stay in float32
     (float32 weights); under autocast every linear layer saves its own low-precision cast of its input, so a norm
-    feeding three projections saves three casts, where float32 training saves the norm's output once."""
+    feeding three projections saves three casts, where float32 training saves the norm's output once. With bf16
+    weights everything is bf16 but RMSNorm's float32 input, and the norm's output is saved once (autocast's cast of
+    a bf16 tensor is the tensor)."""
     if workload.adapters is not None:
         return frozen_layer_bytes(shape, workload, workload.adapters)
     out, lin = _element_bytes(workload, setting)
     h, i, q, kv = shape.hidden, shape.intermediate, shape.q_width, shape.kv_width
-    fp32 = workload.precision == "fp32"
+    fp32 = out == FP32
+    shared = fp32 or (low_precision_weights(workload) and not setting.fp8)  # one tensor every projection reads
 
     def norm_output(consumers: int) -> float:  # the normalised input a linear layer saves
-        return FP32 * h if fp32 else consumers * lin * h
+        return lin * h if shared else consumers * lin * h
 
     own_copy = lin if setting.fp8 else 0  # an fp8 linear layer saves its own cast; others save SDPA's output itself
     if shape.family == "gpt2":
         # LayerNorm saves its input; c_attn's input, q/k/v (one tensor), SDPA's output (a view feeds c_proj); ln_2,
         # c_fc's input, then GPT-2's gelu_new, written out in Python: its input, tanh's output, 1 + tanh,
         # input / 2, and the product c_proj saves (dropout not counted: a byte-per-element mask where it is on)
-        attention = FP32 * h + norm_output(1) + out * 3 * h + out * h + own_copy * h
-        mlp = FP32 * h + norm_output(1) + out * 4 * i + lin * i
+        norm = _norm_bytes(shape, workload)
+        attention = norm + norm_output(1) + out * 3 * h + out * h + own_copy * h
+        mlp = norm + norm_output(1) + out * 4 * i + lin * i
         return attention + mlp
     # Llama-like: RMSNorm saves its float32 input and normalised value; q/k/v's inputs, rotated q and k, v, SDPA's
     # output; norm, gate/up inputs, gate and up outputs, SiLU(gate), down_proj's input
-    norm = 2 * FP32 * h
+    norm = _norm_bytes(shape, workload)
     attention = norm + norm_output(3) + out * (q + 2 * kv) + out * q + own_copy * q
     mlp = norm + norm_output(2) + out * 3 * i + lin * i
     return attention + mlp
@@ -178,10 +209,10 @@ def activation_bytes(shape: ModelShape, workload: Workload, setting: Setting) ->
             return tokens * (shape.layers * residual * shape.hidden + layer + final_norm)
         return tokens * (shape.layers * layer + final_norm)
     _, lin = _element_bytes(workload, setting)
-    norm = (1 if shape.family == "gpt2" else 2) * FP32 * shape.hidden
-    final_norm = norm + (FP32 if workload.precision == "fp32" else lin) * shape.hidden
-    if setting.checkpointing:  # each layer's float32 input kept, one layer's activations recomputed at a time
-        return tokens * (shape.layers * FP32 * shape.hidden + layer + final_norm)
+    final_norm = _norm_bytes(shape, workload) + lin * shape.hidden  # and its output, which the output layer saves
+    if setting.checkpointing:  # each layer's input kept (the weights' dtype), one layer recomputed at a time
+        residual = 2 if low_precision_weights(workload) else FP32
+        return tokens * (shape.layers * residual * shape.hidden + layer + final_norm)
     return tokens * (shape.layers * layer + final_norm)
 
 
@@ -189,11 +220,12 @@ def weight_cast_bytes(shape: ModelShape, workload: Workload, setting: Setting) -
     """The low-precision casts of the linear weights autograd saves for the backward under bf16 autocast (a matmul's
     backward needs the weight it multiplied by, and under autocast that is the cast, not the float32 master).
 
-    None in float32; none under FSDP, whose bf16 all-gather hands the layers weights that are its own gathered
-    units (counted with the communication buffers); fp8 layers keep their own copies (counted with the weights).
+    None in float32; none for weights loaded in bf16 (the cast is the weight); none under FSDP, whose bf16
+    all-gather hands the layers weights that are its own gathered units (counted with the communication buffers);
+    fp8 layers keep their own copies (counted with the weights).
     With checkpointing only the recomputed layer's casts and the output layer's live at once; the fused loss
     computes the output layer's gradient in the forward and saves no cast of it."""
-    if workload.precision == "fp32" or setting.strategy == "fsdp":
+    if workload.precision == "fp32" or setting.strategy == "fsdp" or low_precision_weights(workload):
         return 0.0
     low = 2
     layers = 0 if setting.fp8 else (1 if setting.checkpointing else shape.layers)
@@ -235,25 +267,26 @@ def breakdown(
     trained = trained_parameters(shape, workload)  # n, or the adapters' alone beside n frozen weights
     world = workload.world
     dp_shards = world if setting.strategy == "fsdp" else 1
-    low = FP32 if workload.precision == "fp32" and (adapters is None or adapters.frozen_bytes == FP32) else 2
+    loaded, element = loaded_bytes(workload), trained_bytes(workload)  # a weight as loaded; a trained one
+    low = FP32 if workload.precision == "fp32" and loaded == FP32 else 2
 
-    weights = (FP32 * n if adapters is None else adapters.frozen_bytes * n + FP32 * trained) / dp_shards
-    if setting.fp8:  # fp8 copies of the linear weights (and their transposes) beside the float32 ones
+    weights = (loaded * n + (0 if adapters is None else FP32 * trained)) / dp_shards
+    if setting.fp8:  # fp8 copies of the linear weights (and their transposes) beside the master ones
         weights += 2 * shape.layers * shape.layer_parameters() / dp_shards
-    gradients = FP32 * trained / dp_shards
-    optimizer = 2 * FP32 * trained / dp_shards
+    gradients = element * trained / dp_shards
+    optimizer = 2 * element * trained / dp_shards
     activations = activation_bytes(shape, workload, setting) + weight_cast_bytes(shape, workload, setting)
     logits = logits_bytes(shape, workload, setting)
     head_trained = adapters is None and not setting.fused_loss  # the fused loss makes it in the forward
-    head_gradient = FP32 * shape.vocab * shape.hidden / dp_shards if head_trained else 0.0
+    head_gradient = element * shape.vocab * shape.hidden / dp_shards if head_trained else 0.0
 
     bucket_views = card.kind == "hpu" and setting.strategy == "ddp"  # devices/hpu.py: gradient_as_bucket_view
     communication = 0.0
     reducing = 0.0  # held only while gradients are reduced: by then the loss's tensors and most activations are freed
     if world > 1 and setting.strategy == "ddp" and not bucket_views:
-        communication = FP32 * trained  # DDP's buckets, beside the gradients (of trained weights only)
+        communication = element * trained  # DDP's buckets (the gradients' dtype), beside the gradients
         if card.kind == "cpu":  # gloo reduces through a working copy of a bucket (HCCL and NCCL on the card)
-            reducing = min(FP32 * trained, DDP_BUCKET_BYTES)
+            reducing = min(element * trained, DDP_BUCKET_BYTES)
             communication += reducing
     elif world > 1 and setting.strategy == "fast_ddp":
         communication = (2 if card.kind == "hpu" else FP32) * trained  # the fused buffer: bf16 on a Gaudi, else fp32
@@ -261,8 +294,8 @@ def breakdown(
         layer = shape.layer_parameters()
         layer_trained = layer if adapters is None else adapter_layer_parameters(shape, adapters)
         unsharded = shape.embedding_parameters() + shape.head_parameters()  # the root unit, kept gathered
-        # two layers gathered (one prefetched) in the compute dtype, one layer's unsharded float32 gradient
-        communication = unsharded * low + 2 * layer * low + FP32 * layer_trained
+        # two layers gathered (one prefetched) in the compute dtype, one layer's unsharded gradient
+        communication = unsharded * low + 2 * layer * low + element * layer_trained
 
     if card.kind == "hpu" and workload.hpu_graphs:
         activations *= 1 + assumptions.hpu_graph_fraction.value

@@ -101,10 +101,12 @@ def plan(
     card_memory_gb: float | None = None,
     peak_tflops: float | None = None,
     adapters: Adapters | None = None,
+    weight_bytes: int = 4,
 ) -> Plan:
     """Weigh every candidate setting for training ``model`` (a path, a config, a Hub id online) on ``cards`` cards
     per node times ``nodes``: each one's per-card memory, whether it fits, its rough tokens/s. ``adapters``: train
-    LoRA adapters on the frozen model instead of every weight."""
+    LoRA adapters on the frozen model instead of every weight. ``weight_bytes``: training every weight, 2 where
+    they load in bf16 and train so (``Workload.weight_bytes``), 4 for float32."""
     if precision not in PRECISIONS:
         raise UserError(f"precision {precision!r}: choose one of {', '.join(PRECISIONS)}.")
     for name, value in (("cards", cards), ("nodes", nodes), ("sequence", sequence), ("global batch", global_batch)):
@@ -114,7 +116,7 @@ def plan(
     if adapters is not None:  # the modules as PEFT will find them (one line for a name the planner does not know)
         adapters = replace(adapters, targets=shape.lora_targets(adapters.targets))
     target = card if isinstance(card, Card) else find_card(card, card_memory_gb, peak_tflops)
-    workload = Workload(cards, nodes, sequence, global_batch, precision, hpu_graphs, adapters)
+    workload = Workload(cards, nodes, sequence, global_batch, precision, hpu_graphs, adapters, weight_bytes)
     assumptions = assumptions or Assumptions()
     settings = candidate_settings(shape, workload, target)
     if not settings:
@@ -133,8 +135,8 @@ def plan(
 
 def command_line(setting: Setting, plan: Plan, model_arg: str = "MODEL", output_dir: str = "/tmp/plan_run") -> str:
     """``setting`` as an `optimum-gaudi launch` command of examples/language-modeling/run_clm.py (run_lora_clm.py
-    with adapters, its rows packed to the sequence and the weights loaded as planned), flags as the training
-    arguments spell them."""
+    with adapters, its rows packed to the sequence), the weights loaded as planned where they are bf16, flags as
+    the training arguments spell them."""
     w = plan.workload
     args = ["optimum-gaudi", "launch", "--world_size", str(w.cards)]
     if w.nodes > 1:
@@ -143,6 +145,8 @@ def command_line(setting: Setting, plan: Plan, model_arg: str = "MODEL", output_
     if lora is None:
         args += ["examples/language-modeling/run_clm.py", "--model_name_or_path", model_arg, "--do_train"]
         args += ["--block_size", str(w.sequence)]
+        if w.weight_bytes == 2:
+            args += ["--torch_dtype", "bfloat16"]
     else:
         args += ["examples/language-modeling/run_lora_clm.py", "--model_name_or_path", model_arg, "--do_train"]
         args += ["--torch_dtype", "bfloat16" if lora.frozen_bytes == 2 else "float32", "--peft_type", "lora"]

@@ -46,6 +46,8 @@ def format_plan(plan: Plan, rows: int = 12, model_arg: str = "MODEL") -> str:
             f"trained: {a.label()} ({_adapter_count(plan) / 1e6:.1f}M parameters), the rest frozen in "
             f"{'bf16' if a.frozen_bytes == 2 else 'float32'}"
         )
+    elif w.weight_bytes == 2:
+        lines.append("trained: every weight, in bf16 as loaded (its gradients and AdamW's moments too)")
     lines.append("")
     header = ["setting (micro x accum)", "weights", "grads", "optim", "activ", "logits", "comm", "work", "reserve", "peak GB",
               "fits", "tokens/s"]  # fmt: skip

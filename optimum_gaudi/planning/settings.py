@@ -36,8 +36,11 @@ class Adapters:
 @dataclass(frozen=True)
 class Workload:
     """The job: how many cards on how many nodes, the sequence length and the global batch (sequences per
-    optimizer step, all cards together). ``precision``: ``bf16`` is autocast over float32 weights (--bf16),
-    ``fp32`` trains in float32 throughout."""
+    optimizer step, all cards together). ``precision``: ``bf16`` is autocast over the weights (--bf16), ``fp32``
+    no autocast. ``weight_bytes``: in full fine-tuning, bytes of a weight as the run loads it, 4 (float32) or 2
+    (bf16/fp16: ``--torch_dtype``, or a bf16 checkpoint as transformers 5 loads it by default); the weights train in
+    that dtype, their gradients and AdamW's moments too (torch keeps a moment in its parameter's dtype), and
+    autocast does not change it. With ``adapters``, ``Adapters.frozen_bytes`` says it instead."""
 
     cards: int = 1
     nodes: int = 1
@@ -46,6 +49,7 @@ class Workload:
     precision: str = "bf16"
     hpu_graphs: bool = False  # --use_hpu_graphs_for_training on a Gaudi (adds the assumed graph memory)
     adapters: Adapters | None = None  # LoRA on a frozen model; None: full fine-tuning, every weight trained
+    weight_bytes: int = 4  # full fine-tuning: a weight as loaded and trained (4 float32, 2 bf16)
 
     @property
     def world(self) -> int:

@@ -9,11 +9,13 @@ loading is not checked again).
 Only on a card (a Gaudi, a GPU): a CPU's memory is shared with the OS and the other ranks of the machine, where
 `optimum-gaudi plan --card cpu` answers instead. The sequence length is the script's (its block or its longest row)
 or, at step 1, the first training example's (exact for run_clm.py's blocks; a padded dataset's longer rows are not
-seen). Counted: full fine-tuning, and LoRA adapters on a frozen model (one rank, on linear layers the planner
-knows); other frozen-weight runs (AdaLoRA, IA3, prompt tuning, modules_to_save) are not checked, nor a dataset it
-cannot index, nor a model family the planner does not know: run_mlm.py, run_glue.py and run_summarization.py go
-unchecked, because the arithmetic is for decoder-only causal LMs and an encoder (BERT) or encoder-decoder (T5)
-would need its own formula and measured rows. Every rank computes the same numbers, so all refuse together.
+seen). Counted: full fine-tuning, in the dtype the weights load in (a bf16 checkpoint's bf16 on transformers 5:
+its gradients and AdamW's moments bf16 too), and LoRA adapters on a frozen model (one rank, on linear layers the
+planner knows); other frozen-weight runs (AdaLoRA, IA3, prompt tuning, modules_to_save) are not checked, nor a
+dataset it cannot index, nor a model family the planner does not know: run_mlm.py, run_glue.py and
+run_summarization.py go unchecked, because the arithmetic is for decoder-only causal LMs and an encoder (BERT) or
+encoder-decoder (T5) would need its own formula and measured rows. Every rank computes the same numbers, so all
+refuse together.
 """
 
 from __future__ import annotations
@@ -38,18 +40,36 @@ def card_of(device: Any) -> Card | None:
     return Card(f"this {device.type}", total / GB, None, None, 0.0, "the device's own total", device.type)
 
 
+def _config_dtype(config: Any) -> str:
+    """The dtype a config names (``dtype``, transformers 4's ``torch_dtype`` before it), float32 where none."""
+    get = config.get if isinstance(config, dict) else lambda key: getattr(config, key, None)
+    return str(get("dtype") or get("torch_dtype") or "float32")
+
+
 def weight_bytes_as_loaded(config: Any, torch_dtype: str | None, pretrained: bool) -> int:
-    """Bytes of a weight as the examples load it: ``--torch_dtype`` where given; else the checkpoint's own dtype on
-    transformers 5 (from_pretrained's default is ``dtype="auto"``), float32 on transformers 4; a model built from
-    its config is float32."""
-    if not pretrained:
-        return 4
-    if torch_dtype is None and not TRANSFORMERS_5:
-        return 4
-    if torch_dtype in (None, "auto"):
-        get = config.get if isinstance(config, dict) else lambda key: getattr(config, key, None)
-        torch_dtype = str(get("dtype") or get("torch_dtype") or "float32")
-    return 2 if "16" in str(torch_dtype) else 4
+    """Bytes of a weight as the examples load it, 2 (bf16, fp16) or 4 (float32): ``--torch_dtype`` where given
+    (``auto``: the checkpoint's, as its config names it); else the checkpoint's own dtype on transformers 5
+    (from_pretrained's default is ``dtype="auto"``) and float32 on transformers 4 (its default is torch's, float32).
+    A model built from its config (``from_config``, ``pretrained=False``) takes the config's dtype on both
+    releases, float32 where the config names none."""
+    if pretrained and torch_dtype not in (None, "auto"):
+        dtype = torch_dtype
+    elif pretrained and torch_dtype is None and not TRANSFORMERS_5:
+        dtype = "float32"
+    else:
+        dtype = _config_dtype(config)
+    return 2 if "16" in str(dtype) else 4
+
+
+def trained_weight_bytes(model: Any) -> int:
+    """Bytes of a trained weight of a loaded model, 2 or 4: the dtype most of its trained parameters are in (a
+    model loaded in bf16 may keep a few modules in float32)."""
+    elements = size = 0
+    for parameter in model.parameters():
+        if parameter.requires_grad and parameter.is_floating_point():
+            elements += parameter.numel()
+            size += parameter.numel() * parameter.element_size()
+    return 2 if elements and size < 3 * elements else 4
 
 
 def adapters_of(model: Any, shape: ModelShape) -> Adapters | None:
@@ -96,21 +116,34 @@ def _shape_of(config: Any) -> ModelShape | None:
         return None
 
 
-def _check(shape: ModelShape, args: Any, sequence: int, device: Any, adapters: Adapters | None) -> None:
+def _check(
+    shape: ModelShape, args: Any, sequence: int, device: Any, adapters: Adapters | None, weight_bytes: int
+) -> None:
     """The one check both entry points run: raise :class:`PlanDoesNotFit` where the plan exceeds the card."""
     card = card_of(device)
     if card is None:
         return
-    message = check_run(shape, args, sequence, card, world=args.world_size, adapters=adapters)
+    message = check_run(
+        shape, args, sequence, card, world=args.world_size, adapters=adapters, weight_bytes=weight_bytes
+    )
     if message is not None:
         raise PlanDoesNotFit(message)
 
 
-def check_plan_before_loading(config: Any, args: Any, sequence: int | None, adapters: Adapters | None = None) -> None:
+def check_plan_before_loading(
+    config: Any,
+    args: Any,
+    sequence: int | None,
+    adapters: Adapters | None = None,
+    weight_bytes: int | None = None,
+) -> None:
     """The run's plan checked from its model config and arguments alone, before any weight is read: what a script
     calls once it has parsed its arguments and loaded the config (run_clm.py with its block size, run_lora_clm.py
-    and TRL's sft.py with their longest row and, training LoRA, its ``adapters``). Raises :class:`PlanDoesNotFit`
-    (one line) where it does not fit; where it does, the trainer does not check it again."""
+    and TRL's sft.py with their longest row and, training LoRA, its ``adapters``). ``weight_bytes``: training every
+    weight, the bytes of one as the script will load it (:func:`weight_bytes_as_loaded`: 2 for a bf16 checkpoint
+    on transformers 5, which then trains in bf16); None: as ``from_pretrained`` loads the config's checkpoint with
+    no dtype given. Raises :class:`PlanDoesNotFit` (one line) where it does not fit; where it does, the trainer
+    does not check it again (unless the weights it finds are of another dtype)."""
     shape = _shape_of(config)
     if args.ignore_plan or not sequence or shape is None:
         return
@@ -121,14 +154,19 @@ def check_plan_before_loading(config: Any, args: Any, sequence: int | None, adap
             return  # modules the planner does not know: the trainer checks what the loaded model trains, if it can
         if getattr(args, "fp8", False):
             return
-    _check(shape, args, sequence, args.gaudi_device, adapters)
-    args._gaudi_plan_checked = (shape, adapters, sequence)  # noqa: SLF001 (read by check_the_plan, on these arguments)
+    if weight_bytes is None:
+        weight_bytes = weight_bytes_as_loaded(config, None, pretrained=True)
+    if adapters is not None:
+        weight_bytes = 4  # LoRA: the frozen weights' dtype is the adapters' frozen_bytes, the trained ones float32
+    _check(shape, args, sequence, args.gaudi_device, adapters, weight_bytes)
+    args._gaudi_plan_checked = (shape, adapters, weight_bytes, sequence)  # noqa: SLF001 (read by check_the_plan)
 
 
 def check_the_plan(trainer: Any) -> None:
     """Raise :class:`PlanDoesNotFit` (one line) when the run's plan needs more memory than its card holds; for a
-    script that built its own model (no :func:`check_plan_before_loading`), once the weights are loaded. A model
-    with frozen weights is checked where it trains LoRA adapters the planner can count (:func:`adapters_of`)."""
+    script that built its own model (no :func:`check_plan_before_loading`), once the weights are loaded, in the
+    dtype they are in (:func:`trained_weight_bytes`). A model with frozen weights is checked where it trains LoRA
+    adapters the planner can count (:func:`adapters_of`)."""
     args = trainer.args
     if args.ignore_plan or trainer.train_dataset is None or getattr(trainer.model, "config", None) is None:
         return
@@ -136,12 +174,14 @@ def check_the_plan(trainer: Any) -> None:
     shape = _shape_of(trainer.model.config) if sequence else None
     if shape is None:
         return
-    adapters = None
+    adapters, weight_bytes = None, 4
     if not all(parameter.requires_grad for parameter in trainer.model.parameters()):
         adapters = adapters_of(trainer.model, shape)
         if adapters is None or getattr(args, "fp8", False):
             return  # frozen weights the planner cannot count: its full fine-tuning plan would stop runs that fit
+    else:
+        weight_bytes = trained_weight_bytes(trainer.model)
     checked = getattr(args, "_gaudi_plan_checked", None)
-    if checked is not None and checked[:2] == (shape, adapters) and checked[2] >= sequence:  # checked before loading
-        return
-    _check(shape, args, sequence, trainer.gaudi_device, adapters)
+    if checked is not None and checked[:3] == (shape, adapters, weight_bytes) and checked[3] >= sequence:
+        return  # checked before loading, as it loaded
+    _check(shape, args, sequence, trainer.gaudi_device, adapters, weight_bytes)

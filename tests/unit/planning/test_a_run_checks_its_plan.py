@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 from tiny import LENGTH, llama, llama_config, lm_data
 
 from optimum_gaudi import GaudiTrainer, GaudiTrainingArguments
@@ -90,3 +91,30 @@ def test_a_lora_run_that_does_not_fit_stops_in_one_line_and_trains_with_ignore_p
         trainer.train()
     assert trainer.state.global_step == 0
     assert _trainer(tmp_path, model=_lora_model(), ignore_plan=True).train().global_step == 1
+
+
+def _card_between_bf16_and_float32_weights() -> Card:
+    """A stand-in Gaudi (its reserve 5% of it) on which the tiny Llama's full fine-tuning in bf16 weights fits and
+    in float32 weights exceeds the card by more than the check's tolerance."""
+    shape = load_model_shape(llama_config())
+    workload = Workload(cards=1, sequence=LENGTH, global_batch=2, precision="fp32", weight_bytes=2)
+    bf16 = breakdown(shape, workload, Setting(micro_batch=2), Card("probe", 1.0, None, None, 0.0, "test", "hpu"))
+    gb = bf16.training / 0.8 / 1e9  # the bf16 plan takes 85% of it, the reserve included
+    card = Card(f"a {gb * 1e6:.0f} kB test card", gb, None, None, 0.0, "test", "hpu")
+    float32 = breakdown(shape, dataclasses.replace(workload, weight_bytes=4), Setting(micro_batch=2), card)
+    assert float32.peak > gb * 1e9 * (1 + TOLERANCE)
+    return card
+
+
+def test_a_model_loaded_in_bf16_is_checked_in_the_dtype_of_its_weights(tmp_path, monkeypatch):
+    """At step 1 the weights are loaded: their own dtype is the plan's. bf16 weights train with bf16 gradients and
+    AdamW moments (torch keeps a moment in its parameter's dtype), half of float32's 16 bytes a parameter: on a card
+    that holds that, the bf16 model trains where the same model in float32 stops in one line; --bf16 autocast over
+    float32 weights keeps them float32, and stops too."""
+    card = _card_between_bf16_and_float32_weights()
+    monkeypatch.setattr(plan_check, "card_of", lambda device: card)
+    assert _trainer(tmp_path, model=llama().to(torch.bfloat16)).train().global_step == 1
+    with pytest.raises(UserError, match=r"^the plan says this run needs .* \(ddp 2x1, sequence 16;"):
+        _trainer(tmp_path).train()
+    with pytest.raises(UserError, match=r"^the plan says this run needs .* \(ddp 2x1, sequence 16;"):
+        _trainer(tmp_path, bf16=True).train()

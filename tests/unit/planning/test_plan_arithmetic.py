@@ -5,6 +5,7 @@ predictions: tests/integration/planning/test_plan_against_measured_runs.py."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -357,3 +358,105 @@ def test_lora_trains_the_adapters_and_keeps_the_frozen_weights_as_loaded():
     assert lora.activations < full.activations and lora.peak < 80 * GB < full.peak
     with pytest.raises(UserError, match="not something the planner counts"):
         adapter_parameters(shape, Adapters(targets=("embed_tokens",)))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"], ids=["bf16_weights", "bf16_weights_autocast"])
+def test_a_bf16_weighted_layers_activations_are_what_autograd_saves(family, precision):
+    """Full fine-tuning of weights loaded in bf16 (a bf16 checkpoint as transformers 5 loads it), with or without
+    autocast: the formula against the tensors autograd keeps for one layer's backward, exactly once the per-token
+    statistics, SDPA's log-sum-exp and the rotary tables are set aside; no weight cast is saved (autocast's cast of
+    a bf16 weight is the weight)."""
+    torch.manual_seed(0)
+    if family == "llama":
+        config = llama_config(hidden_size=64, intermediate_size=160, max_position_embeddings=64, num_hidden_layers=1)
+        model = transformers.LlamaForCausalLM(config)
+        layer, heads = model.model.layers[0], config.num_attention_heads
+    else:
+        config = gpt2_config(n_embd=64, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, n_layer=1)
+        model = transformers.GPT2LMHeadModel(config)
+        layer, heads = model.transformer.h[0], config.n_head
+    model.to(torch.bfloat16).set_attn_implementation("sdpa")
+    model.train()
+    batch, sequence = 2, 24  # 48 tokens: no 2-D activation has a weight's first dimension
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    activations, casts = {}, {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        statistics = t.numel() <= batch * sequence * heads or (t.dim() == 4 and t.shape[0] == 1)
+        if storage.data_ptr() not in parameters and not statistics:
+            weight_cast = t.dim() == 2 and t.shape[0] != batch * sequence
+            (casts if weight_cast else activations)[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    hidden = torch.randn(batch, sequence, 64, dtype=torch.bfloat16, requires_grad=True)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        if family == "llama":
+            positions = torch.arange(sequence)[None]
+            rotary = model.model.rotary_emb(hidden, positions)
+            layer(hidden, position_embeddings=rotary, attention_mask=None, position_ids=positions)
+        else:
+            layer(hidden)
+    shape = load_model_shape(config)
+    workload = Workload(precision=precision, weight_bytes=2)
+    assert layer_activation_bytes(shape, workload, Setting()) * batch * sequence == sum(activations.values())
+    assert weight_cast_bytes(shape, workload, Setting()) == 0 == sum(casts.values())
+
+
+def test_bf16_weights_train_with_bf16_gradients_and_adamw_moments():
+    """Weights loaded in bf16 are trained in bf16: their gradients and AdamW's two moments (torch keeps a moment in
+    its parameter's dtype) are 2 bytes a parameter each, 8 in all where float32 weights take 16; --bf16 autocast
+    over float32 weights keeps every one of them float32. Each part is what a real step holds."""
+    model = transformers.LlamaForCausalLM(llama_config()).to(torch.bfloat16)
+    optimizer = torch.optim.AdamW(model.parameters())
+    ids = torch.randint(0, 100, (1, 8))
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    n = sum(p.numel() for p in model.parameters())
+    held = {part: sum(t.numel() * t.element_size() for t in tensors) for part, tensors in (
+        ("weights", list(model.parameters())), ("gradients", [p.grad for p in model.parameters()]),
+        ("optimizer", [v for s in optimizer.state.values() for k, v in s.items() if k != "step"]))}  # fmt: skip
+    shape = load_model_shape(llama_config())
+    setting, cpu = Setting(micro_batch=1), card("cpu", memory_gb=64)
+    bf16 = breakdown(
+        shape, Workload(cards=1, sequence=8, global_batch=1, precision="fp32", weight_bytes=2), setting, cpu
+    )
+    assert (bf16.weights, bf16.gradients, bf16.optimizer) == (held["weights"], held["gradients"], held["optimizer"])
+    assert (bf16.weights, bf16.gradients, bf16.optimizer) == (2 * n, 2 * n, 4 * n)
+    for precision in ("fp32", "bf16"):  # float32 weights, with or without autocast
+        full = breakdown(shape, Workload(cards=1, sequence=8, global_batch=1, precision=precision), setting, cpu)
+        assert (full.weights, full.gradients, full.optimizer) == (4 * n, 4 * n, 8 * n)
+    assert bf16.peak < full.peak
+
+
+LLAMA_8B = dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192)  # fmt: skip
+
+
+def test_a_plan_of_bf16_weights_trains_them_in_bf16_and_its_command_loads_them_so(tmp_path, capsys):
+    """`optimum-gaudi plan --torch_dtype bfloat16` without --lora_rank: every weight loaded and trained in bf16 (a
+    bf16 checkpoint as transformers 5 loads it), 8 bytes a parameter with gradients and AdamW's moments where float32
+    takes 16: an 8B Llama fits one Gaudi 2 so, not in float32 (the default); the command loads the weights in bf16
+    with flags run_clm.py's own parser takes."""
+    from optimum_gaudi.cli import main
+
+    config = tmp_path / "llama-8b.json"
+    config.write_text(json.dumps(LLAMA_8B))
+    common = ["plan", str(config), "--card", "gaudi2", "--cards", "1", "--sequence", "2048"]
+    assert main(common) == 1 and "trained: every weight" not in capsys.readouterr().out
+    assert main([*common, "--torch_dtype", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "trained: every weight, in bf16 as loaded" in out
+    command = next(line.strip() for line in out.splitlines() if line.strip().startswith("optimum-gaudi launch"))
+    words = command.split()
+    clm = load_example(EXAMPLES / "language-modeling" / "run_clm.py")
+    parser = transformers.HfArgumentParser((clm.ModelArguments, clm.DataTrainingArguments,
+                                            clm.GaudiTrainingArguments))  # fmt: skip
+    namespace, unknown = parser.parse_known_args(words[words.index("examples/language-modeling/run_clm.py") + 1 :])
+    assert unknown == [] and namespace.torch_dtype == "bfloat16" and namespace.block_size == 2048
+    bf16 = plan(LLAMA_8B, "gaudi2", cards=1, sequence=2048, weight_bytes=2)
+    n = load_model_shape(LLAMA_8B).parameters()
+    memory = next(c.memory for c in bf16.candidates if not c.setting.fp8)  # fp8 adds its copies of the weights
+    assert (memory.weights, memory.gradients, memory.optimizer) == (2 * n, 2 * n, 4 * n)
