@@ -215,7 +215,9 @@ class Seam:
 
     def _write(self, value: Any) -> None:
         if self._key is None:
-            if self._own() != value:  # set_attn_implementation checks the kernel's availability again
+            if value is None:  # set_attn_implementation(None) would choose transformers' default instead
+                self.owner.config._attn_implementation = None
+            elif self._own() != value:  # set_attn_implementation checks the kernel's availability again
                 self.owner.set_attn_implementation(value)
         else:
             setattr(self.owner, self.name, value)
@@ -230,6 +232,20 @@ class Seam:
 
     def _where(self) -> str:
         return f"{type(self.owner).__name__}.{self.name}"
+
+
+class Named:
+    """A contribution that is a registered name (an attention implementation): what it is laid over goes to
+    ``around(name, current)`` when given. A small picklable object, not a closure, so a prepared model still pickles
+    and copies (``torch.save(model)``, ``copy.deepcopy``) where only a name of ours is left on it."""
+
+    def __init__(self, name: str, around: Callable[[str, Any], None] | None = None) -> None:
+        self.name, self.around = name, around
+
+    def __call__(self, current: Any) -> str:
+        if self.around is not None:
+            self.around(self.name, current)
+        return self.name
 
 
 def on_undo(owner: Any, callback: Callable[[Any], None]) -> None:

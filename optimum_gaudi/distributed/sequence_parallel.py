@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import UserError
-from ..seam import Seam
+from ..seam import Named, Seam
 
 # Each SequenceParallel registers its attention under this name and its own id: the local kernel behind it and
 # the step being split are that trainer's, never another's of the same process. The entry stays while a model
@@ -80,6 +80,15 @@ def release(name: str) -> None:
 
     for interface in (AttentionInterface, AttentionMaskInterface):
         interface._global_mapping.pop(name, None)
+
+
+def _around(name: str, current: str | None) -> None:
+    """The split registered as ``name`` goes around ``current``, the implementation the model runs (again, when a
+    new one is laid under it). Found by its name: the seam keeps the name, which a model's copy or pickle can keep,
+    not the split and its process group."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    ALL_ATTENTION_FUNCTIONS[name].__self__.base = current or "eager"
 
 
 class _AllToAll(torch.autograd.Function):
@@ -199,7 +208,7 @@ class SequenceParallel:
         AttentionInterface.register(self.name, self.attention)
         AttentionMaskInterface.register(self.name, self.mask_function)
         try:
-            seam.put("sequence_parallel", self._around)
+            seam.put("sequence_parallel", Named(self.name, around=_around))
         except BaseException:
             if not self._models:
                 release(self.name)
@@ -209,11 +218,6 @@ class SequenceParallel:
         # is collected, or later where the user keeps the model (which still runs the entry).
         self._models += 1
         weakref.finalize(base, self._model_gone).atexit = False
-
-    def _around(self, current: str | None) -> str:
-        """This split's name, around the implementation the model runs (laid again over a new one)."""
-        self.base = current or "eager"
-        return self.name
 
     def _model_gone(self) -> None:
         self._models -= 1

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ..seam import Seam
+from ..seam import Named, Seam
 
 ATTENTION_NAME = "gaudi_fused_sdpa"
 
@@ -117,7 +117,7 @@ def use(model: torch.nn.Module, args: Any, device: Any) -> None:
         if seam.value("requested") == args.attn_implementation:
             return
         seam.undo()  # another trainer's request on this model; a split is laid again over this one, next stage
-    seam.put("requested", lambda current: args.attn_implementation)
+    seam.put("requested", Named(args.attn_implementation))
 
 
 def fused_sdpa_attention(

@@ -50,9 +50,15 @@ class ModelPreparation:
         return model
 
     def sequence_parallel(self, model: nn.Module, training: bool, dataloader: Any) -> nn.Module:
-        """The model's attention split over the sequence-parallel group (ours, per trainer)."""
+        """The model's attention split over the sequence-parallel group (ours, per trainer); a trainer with no split
+        takes an earlier trainer's off the model, which would otherwise run it."""
+        inner = self._inner(model)
         if self.trainer._sequence_parallel is not None:
-            self.trainer._sequence_parallel.use(self._inner(model))
+            self.trainer._sequence_parallel.use(inner)
+            return model
+        seam = Seam.find(getattr(inner, "get_base_model", lambda: inner)(), "attn_implementation")
+        if seam is not None:
+            seam.remove("sequence_parallel")
         return model
 
     def kernels(self, model: nn.Module, training: bool, dataloader: Any) -> nn.Module:

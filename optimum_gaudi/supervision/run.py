@@ -33,7 +33,8 @@ class RunSupervision:
     @contextlib.contextmanager
     def installed(self, trainer: Any) -> Iterator[Preemption]:
         """The supervisors made for this run and added to ``trainer``'s callbacks (in this order: the watchdog
-        sees the save SIGTERM asks for), SIGTERM's handler in place; all taken off after."""
+        sees the save SIGTERM asks for); all taken off after. The caller installs SIGTERM's handler
+        (``preemption.installed()``) where the loop runs."""
         args = trainer.args
         several = args.world_size > 1 and torch.distributed.is_initialized()
         self.preemption = Preemption()
@@ -46,8 +47,7 @@ class RunSupervision:
         for callback in installed:
             trainer.add_callback(callback)
         try:
-            with self.preemption.installed():
-                yield self.preemption
+            yield self.preemption
         finally:
             if self.watch is not None:
                 self.watch.stop()

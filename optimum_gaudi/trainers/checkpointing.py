@@ -108,7 +108,11 @@ class Checkpointing:
         self.writes.wait()
         if self._weights_not_finite(model):
             return
-        with staged_checkpoint(run_dir, state, args, trainer.accelerator.wait_for_everyone, self.writes) as staging:
+        with (
+            trainer._out_of_throughput(),
+            trainer._supervision.paused("a save"),
+            staged_checkpoint(run_dir, state, args, trainer.accelerator.wait_for_everyone, self.writes) as staging,
+        ):
             self._staging_root = str(staging)
             try:
                 parent(model, trial)

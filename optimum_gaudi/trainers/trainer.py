@@ -514,7 +514,7 @@ class GaudiTrainerMixin(TrainerShims):
         checkpoint = self._checkpointing.before_training(resume_from_checkpoint)
         check_the_plan(self)  # a run whose memory plan does not fit its card: one line before step 1 (--ignore_plan)
         with self._supervision.installed(self) as preemption:
-            with self._loop_context():
+            with self._loop_context(), preemption.installed():
                 self._precision.check_op_lists(self.model)  # op lists mixing dtypes in one op: one line, before step 1
                 result = super().train(checkpoint, *args, **kwargs)
                 self._checkpointing.after_training()
@@ -528,8 +528,7 @@ class GaudiTrainerMixin(TrainerShims):
         return self._checkpointing.output_dir(trial, super()._get_output_dir)
 
     def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
-        with self._out_of_throughput(), self._supervision.paused("a save"):
-            self._checkpointing.save(model, trial, super()._save_checkpoint)
+        self._checkpointing.save(model, trial, super()._save_checkpoint)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         self._checkpointing.save_optimizer_and_scheduler(output_dir, super()._save_optimizer_and_scheduler)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import copy
+import io
 from types import SimpleNamespace
 
 import pytest
@@ -204,6 +205,7 @@ def test_the_attention_implementation_is_a_seam_with_the_split_over_the_request(
         return "eager"  # a registered name, standing for the split's own
 
     attention.use(model, SimpleNamespace(attn_implementation="sdpa"), device=None)
+    torch.save(model, io.BytesIO())  # the request is a name: the model pickles as before
     seam = Seam.of(model, "attn_implementation")
     seam.put("sequence_parallel", split)
     assert seam.stages == ("requested", "sequence_parallel") and around == ["sdpa"]

@@ -158,3 +158,29 @@ def test_a_model_kept_after_its_split_still_runs_it_and_releases_it_when_collect
     del model
     gc.collect()
     assert registered(name) == (False, False)
+
+
+def test_a_split_model_copies_and_pickles_and_a_trainer_without_a_split_takes_it_off(one_process_group):
+    """The seam keeps the split's name, not the split and its process group: ``copy.deepcopy`` and ``torch.save`` of
+    the model work, as they did when only the config named the split; a request laid under the split is wrapped by
+    it; a preparation with no split of its own (another trainer on this model) takes it off."""
+    import copy
+    import io
+
+    import torch
+
+    from optimum_gaudi.distributed.layout import CP_ALL_TO_ALL, ParallelLayout
+    from optimum_gaudi.features import attention
+    from optimum_gaudi.seam import Seam
+
+    layout = ParallelLayout(world_size=1, cp_size=1, cp_implementation=CP_ALL_TO_ALL)
+    split, model = layout.sequence_parallel(), tiny.llama()
+    split.use(model)
+    copy.deepcopy(model)
+    torch.save(model, io.BytesIO())
+    attention.use(model, type("Args", (), {"attn_implementation": "eager"})(), device=None)
+    seam = Seam.of(model, "attn_implementation")
+    assert seam.stages == ("requested", "sequence_parallel") and split.base == "eager"
+    assert model.config._attn_implementation == split.name
+    seam.remove("sequence_parallel")
+    assert model.config._attn_implementation == "eager"

@@ -102,3 +102,16 @@ def test_a_second_trainer_compiles_a_model_an_earlier_one_gave_the_fused_loss(tm
     second.train()
     assert Seam.find(model, "loss_function").stages == ("compiled", "fused_loss")
     assert torch.isfinite(torch.tensor(second.state.log_history[-1]["train_loss"]))
+
+
+def test_a_trainer_without_a_split_takes_an_earlier_trainers_split_off_its_model(tmp_path):
+    """Another trainer's sequence split left on the model would keep running; this trainer's preparation, with no
+    split of its own, takes it off (the model runs what the split wrapped)."""
+    from optimum_gaudi.distributed.sequence_parallel import SequenceParallel
+
+    gaudi = trainer(tmp_path)
+    split = SequenceParallel(2, group=None, data_parallel_size=1, data_parallel_index=0)
+    split.use(gaudi.model)
+    assert gaudi.model.config._attn_implementation == split.name
+    gaudi._wrap_model(gaudi.model, training=False)
+    assert gaudi.model.config._attn_implementation == split.base
