@@ -91,7 +91,10 @@ class _ActiveRotary(threading.local):
     a ``ContextVar``: dynamo traces (and guards) a thread-local's attribute as it does a global, but cannot trace
     ``ContextVar.get``, which would break the graph of every compiled attention layer."""
 
-    kernel: RotaryKernel | None = None
+    def __init__(self) -> None:
+        # in each thread's own dict from the start (threading.local runs this once a thread): dynamo guards a
+        # compiled frame on the attribute being absent from it, which the frame's own write would then break
+        self.kernel: RotaryKernel | None = None
 
 
 _active_rotary = _ActiveRotary()
