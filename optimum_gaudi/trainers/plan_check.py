@@ -42,8 +42,10 @@ def card_of(device: Any) -> Card | None:
 
 def _config_dtype(config: Any) -> str:
     """The dtype a config names (``dtype``, transformers 4's ``torch_dtype`` before it), float32 where none."""
-    get = config.get if isinstance(config, dict) else lambda key: getattr(config, key, None)
-    return str(get("dtype") or get("torch_dtype") or "float32")
+    if isinstance(config, dict):
+        return str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    # the instance's own torch_dtype only: transformers 5's is a property that warns it is deprecated when read
+    return str(getattr(config, "dtype", None) or vars(config).get("torch_dtype") or "float32")
 
 
 def weight_bytes_as_loaded(config: Any, torch_dtype: str | None, pretrained: bool) -> int:
