@@ -65,14 +65,22 @@ def argument_problem(args: Any, world_size: int) -> str | None:
     return None
 
 
+# Backends whose group is destroyed by each rank alone. Not the Gaudi's: ProcessGroupHCCL::destroy (the bridge's
+# python_packages/habana_frameworks/torch/distributed/hccl/ProcessGroupHCCL.cpp) starts with hostBarrier(), a store
+# poll with no deadline, so a rank collecting its layout before the others would wait for them forever.
+_DESTROYED_ALONE = ("gloo",)
+
+
 def _destroy_groups(groups: dict[str, tuple[Any, Any]]) -> None:
-    """A collected layout's groups destroyed, those of the default group they were made under only: destroying
-    the default group destroys every group made beside it."""
+    """A collected layout's gloo groups destroyed, those of the default group they were made under only: destroying
+    the default group destroys every group made beside it. Groups of a backend whose destroy waits for every rank
+    (hccl) stay in torch's registry to the end of the process, as every group did before."""
     dist = torch.distributed
     for world, group in groups.values():
         if dist.is_available() and dist.is_initialized() and dist.group.WORLD is world:
             with contextlib.suppress(ValueError):  # "Invalid process group": its user destroyed it already
-                dist.destroy_process_group(group)
+                if str(dist.get_backend(group)) in _DESTROYED_ALONE:
+                    dist.destroy_process_group(group)
     groups.clear()
 
 

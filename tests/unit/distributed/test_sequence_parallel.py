@@ -184,3 +184,22 @@ def test_a_split_model_copies_and_pickles_and_a_trainer_without_a_split_takes_it
     assert model.config._attn_implementation == split.name
     seam.remove("sequence_parallel")
     assert model.config._attn_implementation == "eager"
+
+
+def test_a_collected_layout_keeps_a_group_whose_destroy_waits_for_every_rank(one_process_group, monkeypatch):
+    """hccl's destroy starts with a barrier with no deadline (the bridge's ProcessGroupHCCL.cpp, destroy ->
+    hostBarrier): a rank collecting its layout alone would wait for the others forever, so such a group is left in
+    torch's registry (here a gloo group of one, reported as hccl's)."""
+    import gc
+
+    import torch.distributed as dist
+
+    from optimum_gaudi.distributed.layout import CP_ALL_TO_ALL, ParallelLayout
+
+    layout = ParallelLayout(world_size=1, cp_size=1, cp_implementation=CP_ALL_TO_ALL)
+    group = layout.sequence_parallel().group
+    real = dist.get_backend
+    monkeypatch.setattr(dist, "get_backend", lambda g=None: "hccl" if g is group else real(g))
+    del layout
+    gc.collect()
+    assert dist.get_rank(group) == 0  # still registered
