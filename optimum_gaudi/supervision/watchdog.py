@@ -64,6 +64,7 @@ AUTO_PAUSE_FACTOR = 2.0  # ... nor below twice the slowest save or evaluation se
 FINISHED = "the end of training"  # a rank's last heartbeat
 CONTINUED_REPORT_SECONDS = 10.0  # a stopped rank, continued, writes its stacks within this
 STORE_CALL_SECONDS = 10.0  # a store call taking longer: the process holding the store stopped answering
+TICK_ENDS_SECONDS = 2 * STORE_CALL_SECONDS  # a tick's first store call hanging fails the others at once
 LONG_WINDOW_SECONDS = 1800.0  # the least limit of a first step, save, evaluation or compile (a Gaudi's take minutes)
 WINDOW_FACTOR = 2.0  # ... nor below twice the longest window of its kind this rank measured
 COMPILING = "a step that may compile"  # the kind of window a compiling step is
@@ -93,16 +94,23 @@ class StoreGone(Exception):
 
 class _Store:
     """Store calls on a thread of their own, each given ``seconds``; once one hangs or fails, every later call
-    fails (raising :class:`StoreGone`)."""
+    fails (raising :class:`StoreGone`), as does every call after :meth:`close`."""
 
     def __init__(self, store: Any, seconds: float = STORE_CALL_SECONDS) -> None:
         self._store, self._seconds = store, seconds
         self._calls: queue.Queue = queue.Queue()
         self.stuck = False
-        threading.Thread(target=self._serve, name="watchdog-store", daemon=True).start()
+        self._thread = threading.Thread(target=self._serve, name="watchdog-store", daemon=True)
+        self._thread.start()
 
     def close(self) -> None:
+        """Returns once the call in flight ended (or hung past its time). A store call is C++ run with the GIL
+        released: one still running when the interpreter ends is cut off by CPython 3.11's pthread_exit, whose
+        unwinding through torch's noexcept frames aborts the process ("terminate called without an active
+        exception")."""
+        self.stuck = True
         self._calls.put(None)
+        self._thread.join(self._seconds)
 
     def _serve(self) -> None:
         while (call := self._calls.get()) is not None:
@@ -268,9 +276,12 @@ class Watchdog:
         self._thread.start()
 
     def stop(self) -> None:
-        """Training ended here: a last heartbeat says so (the others must not take its silence for a stall)."""
+        """Training ended here: a last heartbeat says so (the others must not take its silence for a stall). Returns
+        once neither thread calls the store (see :meth:`_Store.close`)."""
         self._stop.set()
         self._paused = FINISHED
+        if self._thread is not None:  # a tick in flight ends: its store calls take STORE_CALL_SECONDS at most each
+            self._thread.join(TICK_ENDS_SECONDS)
         with contextlib.suppress(Exception):
             beat = Beat(self._beat + 1, self._progress, _collectives(), FINISHED, os.getpid(), self._host, False)
             self._store("set", self._key(f"beat/{self.rank}"), json.dumps(asdict(beat)))
@@ -286,7 +297,8 @@ class Watchdog:
             try:
                 self._tick()
             except StoreGone:
-                self._store_gone()
+                if not self._stop.is_set():  # closed by stop(), not gone
+                    self._store_gone()
             except Exception as e:  # a watchdog that fails must never end the run it watches
                 logger.warning("The progress watchdog stopped: %s", str(e).splitlines()[0] if str(e) else type(e))
                 return

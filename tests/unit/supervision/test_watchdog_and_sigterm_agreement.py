@@ -456,3 +456,48 @@ def test_on_nccl_the_report_names_the_collective_from_ncclS_own_recorder(tmp_pat
     assert wait.endswith("input sizes [[3]]; torch's flight recorder)")
     monkeypatch.setattr(collective_count, "_default_backend", lambda: "gloo")  # the same record is not gloo's
     assert watchdog._recorded_wait() is None
+
+
+def test_once_stop_returns_no_store_call_is_in_flight_nor_begins(tmp_path):
+    """A store call runs in C++ with the GIL released. One still running on a daemon thread when the interpreter
+    ends is cut off by CPython 3.11's pthread_exit, whose unwinding through torch's noexcept frames aborts the
+    process ("terminate called without an active exception", rank 0 of a finished 2-rank run, exit code -6): so
+    stop() returns only once the watchdog's threads are done with the store."""
+    from optimum_gaudi.supervision import watchdog
+
+    class SlowStore(FakeStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.in_flight, self.in_check, self.stopped = 0, threading.Event(), False
+            self.after_stop: list[str] = []
+
+        def _call(self, name, function, *args):
+            if self.stopped:
+                self.after_stop.append(name)
+            self.in_flight += 1
+            try:
+                return function(*args)
+            finally:
+                self.in_flight -= 1
+
+        def set(self, key, value):
+            return self._call("set", super().set, key, value)
+
+        def check(self, keys):
+            def slow(keys):
+                self.in_check.set()
+                threading.Event().wait(0.5)  # a store answering slowly
+                return FakeStore.check(self, keys)
+
+            return self._call("check", slow, keys)
+
+    store = SlowStore()
+    dog = watchdog.Watchdog(store, 0, 2, tmp_path, limit=1.0)
+    dog.start()
+    assert store.in_check.wait(10)  # the thread's tick is inside a store call
+    dog.stop()
+    in_flight = store.in_flight
+    store.stopped = True
+    threading.Event().wait(0.6)  # a tick would have begun by now
+    assert (in_flight, store.after_stop) == (0, [])
+    assert not dog._thread.is_alive() and not dog._store._thread.is_alive()
