@@ -11,8 +11,10 @@ so comparisons (a resumed run against an uninterrupted one) can leave exactly th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -35,8 +37,10 @@ class Throughput:
     since it compiles its graphs again.
     """
 
-    def __init__(self, warmup_steps: int) -> None:
+    def __init__(self, warmup_steps: int, adjust: bool = False) -> None:
         self.warmup_steps = warmup_steps
+        self.adjust = adjust  # --adjust_throughput: what :meth:`left_out` wraps during training is not clocked
+        self._leaving_out = False
         self.samples = self.tokens = 0  # real rows and input tokens seen by this process since the clock started
         self._carried: dict[str, float] = {}
         self._begin: tuple[float, int, int] = (0.0, 0, 0)  # time, samples, tokens of this train() call, unclocked
@@ -69,6 +73,20 @@ class Throughput:
         during training, as optimum-habana leaves them out)."""
         if self._clock_time is not None:
             self._excluded += seconds
+
+    @contextlib.contextmanager
+    def left_out(self, in_train: bool) -> Iterator[None]:
+        """With ``adjust``, the time spent inside during training is left out of the throughput (once, where
+        such blocks nest: an evaluation inside a log)."""
+        if not (self.adjust and in_train) or self._leaving_out:
+            yield
+            return
+        self._leaving_out, start = True, time.perf_counter()
+        try:
+            yield
+        finally:
+            self._leaving_out = False
+            self.exclude(time.perf_counter() - start)
 
     def count_batch(self, inputs: Any, rows: int | None) -> None:
         """Count a batch as fed to the training step, before any padding."""

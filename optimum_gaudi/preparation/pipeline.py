@@ -118,7 +118,7 @@ class ModelPreparation:
     def fast_ddp(self, model: nn.Module, training: bool, dataloader: Any) -> nn.Module:
         """Training: autocast and placement from accelerate, but no DDP: gradients go through one fused
         all-reduce."""
-        if not training or not self.trainer._use_fast_ddp() or isinstance(model, FastDDPModel):
+        if not training or not self.trainer._layout.fast_ddp or isinstance(model, FastDDPModel):
             return model
         model = self.trainer.accelerator.prepare_model(model, evaluation_mode=True)
         broadcast_parameters(model)

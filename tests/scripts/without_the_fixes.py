@@ -135,7 +135,7 @@ UNDOS = (
     Undo("op-list-by-content", "11", (("optimum_gaudi/precision/op_lists.py", "    if current != text:",
                                        "    if current is None:"),),
          ("unit/configuration/test_configuration.py::test_op_list_files_live_in_a_directory_only_this_user_can_write",), device=False),
-    Undo("unused-parameters", "11", (("optimum_gaudi/trainers/trainer.py", "            parameter.grad = None  # as eager",
+    Undo("unused-parameters", "11", (("optimum_gaudi/trainers/step.py", "            parameter.grad = None  # as eager",
                                       "            pass  # as eager"),),
          (f"{I20}::test_a_parameter_the_forward_does_not_use_is_not_decayed_under_training_graphs",)),
     Undo("tensor-cache-said", "simulator", (("optimum_gaudi/devices/hpu.py",
@@ -148,9 +148,9 @@ UNDOS = (
          (f"{I20}::test_dynamic_shapes_reach_the_backwards_thread_in_lazy_mode",)),
     # issue 37: the strict simulator's hccl refuses AVG, its lazy kernels abort on set_ (each test launches its own
     # processes on the simulated device)
-    Undo("fsdp-sum-reductions", "37.2", (("optimum_gaudi/trainers/trainer.py",
-                                          "            self._gradient_divisor = reduce_with_sum(model)",
-                                          "            self._gradient_divisor = 1"),),
+    Undo("fsdp-sum-reductions", "37.2", (("optimum_gaudi/trainers/step.py",
+                                          "            self.gradient_divisor = reduce_with_sum(model)",
+                                          "            self.gradient_divisor = 1"),),
          (f"{FSDP}::test_fsdp_on_two_simulated_gaudis_saves_sharded_checkpoints_and_resumes",), device=False),
     Undo("fsdp-lazy-refused", "37.2", (("optimum_gaudi/trainers/configuration_problems.py",
                                         "    if args.fsdp and args.use_lazy_mode:", "    if False:"),),

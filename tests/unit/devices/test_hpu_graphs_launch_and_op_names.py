@@ -6,6 +6,7 @@ simulator models the behaviour involved, and each test failed before its fix.
 
 The defects that need a launched process: tests/integration/devices/test_hpu_launch_and_lazy_mode.py."""
 
+import dataclasses
 import inspect
 
 import numpy as np
@@ -129,12 +130,12 @@ def test_bf16_with_training_graphs_and_fast_ddp_runs_the_graph_under_hpu_autocas
     from optimum_gaudi.distributed import fast_ddp
 
     monkeypatch.setattr("transformers.training_args.is_torch_bf16_gpu_available", lambda: True)
-    monkeypatch.setattr(GaudiTrainer, "_use_fast_ddp", lambda self: True)
     monkeypatch.setattr(fast_ddp.FusedGradientAllReduce, "__init__", lambda self, params, dtype=None: None)
     monkeypatch.setattr("optimum_gaudi.preparation.pipeline.broadcast_parameters", lambda model: None)
     args = hpu_args(
         tmp_path, use_lazy_mode=True, use_hpu_graphs_for_training=True, bf16=True, distribution_strategy="fast_ddp"
     )
+    args.parallel_layout = dataclasses.replace(args.parallel_layout, fast_ddp=True)  # as on several processes
     model = tiny_gpt2()
     seen = autocast_seen(model)
     trainer = GaudiTrainer(model=model, args=args, train_dataset=tiny_lm_data)

@@ -5,6 +5,7 @@ the behaviour involved, so each of these tests failed before its fix.
 
 The defects that need a fresh process: tests/integration/devices/test_hpu_strict_bridge_processes.py."""
 
+import dataclasses
 import json
 import logging
 import os
@@ -109,11 +110,11 @@ def test_max_hpu_graphs_default_is_the_bridge_default_and_said_so(bridge, tmp_pa
 def test_fast_ddp_with_hpu_graphs_graphs_the_inner_model(bridge, tmp_path, tiny_gpt2, tiny_lm_data, monkeypatch):
     from optimum_gaudi.distributed import fast_ddp
 
-    monkeypatch.setattr(GaudiTrainer, "_use_fast_ddp", lambda self: True)
     monkeypatch.setattr(fast_ddp, "broadcast_parameters", lambda model: None)
     monkeypatch.setattr(fast_ddp.FusedGradientAllReduce, "__init__", lambda self, params, dtype=None: None)
     monkeypatch.setattr("optimum_gaudi.preparation.pipeline.broadcast_parameters", lambda model: None)
     args = hpu_args(tmp_path, use_lazy_mode=True, use_hpu_graphs_for_training=True, distribution_strategy="fast_ddp")
+    args.parallel_layout = dataclasses.replace(args.parallel_layout, fast_ddp=True)  # as on several processes
     trainer = GaudiTrainer(model=tiny_gpt2(), args=args, train_dataset=tiny_lm_data)
     model = trainer._wrap_model(trainer.model, training=True)  # ModuleCacher asserts on a forward(*args)
     assert isinstance(model, fast_ddp.FastDDPModel)
