@@ -267,15 +267,18 @@ def _deepspeed_executable(environ: Mapping[str, str]) -> str:
     return executable
 
 
-def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> LaunchPlan:
-    """Check the flags against each other and against the environment; raise LaunchError at the first problem."""
-    env = os.environ if environ is None else environ
+def _backend(args: argparse.Namespace) -> str:
+    """The launcher to start the processes with, chosen before anything else is checked."""
     if args.use_deepspeed and args.use_mpi:
         _fail("--use_deepspeed and --use_mpi exclude each other: choose one launcher")
     backend = "deepspeed" if args.use_deepspeed else "mpi" if args.use_mpi else "torchrun"
     if not Path(args.script).is_file():
         _fail(f"training script not found: {args.script}")
+    return backend
 
+
+def _nodes(args: argparse.Namespace, backend: str) -> tuple[list[str] | None, int]:
+    """The hostfile's hosts (None without one) and the number of nodes, which defaults to them."""
     hosts = read_hostfile(args.hostfile) if args.hostfile else None
     if hosts is not None and backend == "torchrun":
         _fail(
@@ -284,7 +287,13 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
     nnodes = _integer(args.nnodes, "--nnodes", 1) if args.nnodes is not None else len(hosts) if hosts else 1
     if hosts is not None and nnodes > len(hosts):
         _fail(f"--nnodes {nnodes} but --hostfile {args.hostfile} lists {len(hosts)} host(s)")
+    return hosts, nnodes
 
+
+def _node_rank(
+    args: argparse.Namespace, env: Mapping[str, str], backend: str, hosts: list[str] | None, nnodes: int
+) -> tuple[int, bool]:
+    """This node's rank, and whether each node starts its own processes (False: one launcher starts them all)."""
     rank_text, rank_source = _setting(args.node_rank, "--node_rank", env, "NODE_RANK")
     node_rank = _integer(rank_text, rank_source, 0) if rank_text is not None else 0
     if node_rank >= nnodes:
@@ -294,7 +303,11 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
         _fail(f"--use_{'mpi' if backend == 'mpi' else 'deepspeed'} on {nnodes} nodes needs --hostfile listing them")
     if backend == "mpi" and node_rank > 0:
         _fail(f"mpirun starts every node from the first one: run the launcher there only, without {rank_source}")
+    return node_rank, per_node
 
+
+def _processes_per_node(args: argparse.Namespace, env: Mapping[str, str], nnodes: int) -> int:
+    """--world_size, else the environment's WORLD_SIZE (every process of the job) split over the nodes, else 1."""
     total_text = env.get("WORLD_SIZE", "").strip()
     total = _integer(total_text, "WORLD_SIZE (environment)", 1) if total_text else None
     if args.world_size is not None:
@@ -310,7 +323,11 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
             f"WORLD_SIZE={total} (environment) but {nnodes} node(s) x {nproc} process(es) = {nnodes * nproc}: "
             "WORLD_SIZE counts every process of the job; correct it or unset it"
         )
+    return nproc
 
+
+def _master_addr(args: argparse.Namespace, env: Mapping[str, str], hosts: list[str] | None, nnodes: int) -> str:
+    """Node 0's address: given, else the hostfile's first host, else this machine when it is the only node."""
     addr, _ = _setting(args.master_addr, "--master_addr", env, "MASTER_ADDR")
     if addr is None:
         if hosts is not None:
@@ -321,10 +338,17 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
             _fail(
                 f"{nnodes} nodes need node 0's address: give --master_addr or set MASTER_ADDR, the same on every node"
             )
-    port_text, port_source = _setting(args.master_port, "--master_port", env, "MASTER_PORT")
-    if port_text is not None:
-        port = _integer(port_text, port_source, 1, 65535)
+    return addr
 
+
+def _given_port(args: argparse.Namespace, env: Mapping[str, str]) -> int | None:
+    """Node 0's port as given by flag or environment; None: the default is chosen once every check has passed."""
+    port_text, port_source = _setting(args.master_port, "--master_port", env, "MASTER_PORT")
+    return _integer(port_text, port_source, 1, 65535) if port_text is not None else None
+
+
+def _executable(backend: str, env: Mapping[str, str]) -> str | None:
+    """The deepspeed or mpirun program, found before anything starts; None for torchrun (this Python runs it)."""
     executable = None
     if backend == "deepspeed":
         executable = _deepspeed_executable(env)
@@ -332,9 +356,19 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
         executable = shutil.which("mpirun", path=env.get("PATH", os.defpath))
         if executable is None:
             _fail(f"--use_mpi needs 'mpirun' on PATH, which was not found: {MPI_INSTALL}, or drop --use_mpi")
+    return executable
+
+
+def _max_restarts(args: argparse.Namespace, backend: str) -> int:
+    """--max_restarts, which only torchrun's elastic agent can honour."""
     max_restarts = _integer(args.max_restarts, "--max_restarts", 0) if args.max_restarts is not None else 0
     if max_restarts and backend != "torchrun":
         _fail(f"--max_restarts needs torchrun's elastic agent: drop --use_{'mpi' if backend == 'mpi' else 'deepspeed'}")
+    return max_restarts
+
+
+def _grace_period(args: argparse.Namespace, backend: str) -> int | None:
+    """--grace_period (None: not given), which only a torchrun with --shutdown_timeout can honour."""
     grace = _integer(args.grace_period, "--grace_period", 1) if args.grace_period is not None else None
     if grace is not None and backend != "torchrun":
         _fail("--grace_period is torchrun's stop timeout: deepspeed and mpirun have none to set; drop it")
@@ -343,7 +377,22 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
             f"--grace_period {grace}: this torch's torchrun always kills its ranks {DEFAULT_GRACE_PERIOD} s after "
             "a stop signal (it has no --shutdown_timeout); upgrade torch or drop --grace_period"
         )
-    if port_text is None:
+    return grace
+
+
+def resolve(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> LaunchPlan:
+    """Check the flags against each other and against the environment; raise LaunchError at the first problem."""
+    env = os.environ if environ is None else environ
+    backend = _backend(args)
+    hosts, nnodes = _nodes(args, backend)
+    node_rank, per_node = _node_rank(args, env, backend, hosts, nnodes)
+    nproc = _processes_per_node(args, env, nnodes)
+    addr = _master_addr(args, env, hosts, nnodes)
+    port = _given_port(args, env)
+    executable = _executable(backend, env)
+    max_restarts = _max_restarts(args, backend)
+    grace = _grace_period(args, backend)
+    if port is None:
         port = free_port() if nnodes == 1 and hosts is None else DEFAULT_MASTER_PORT  # free here, maybe not there
     return LaunchPlan(
         backend=backend,

@@ -255,6 +255,52 @@ def logits_bytes(shape: ModelShape, workload: Workload, setting: Setting) -> flo
     return tokens * shape.vocab * 3 * FP32
 
 
+def _communication_bytes(
+    shape: ModelShape, workload: Workload, setting: Setting, card: Card, trained: int, bucket_views: bool
+) -> tuple[float, float]:
+    """(communication buffers, the part of them held only while gradients are reduced): by strategy and card."""
+    adapters = workload.adapters
+    world = workload.world
+    element = trained_bytes(workload)
+    communication = 0.0
+    reducing = 0.0  # held only while gradients are reduced: by then the loss's tensors and most activations are freed
+    if world > 1 and setting.strategy == "ddp" and not bucket_views:
+        communication = element * trained  # DDP's buckets (the gradients' dtype), beside the gradients
+        if card.kind == "cpu":  # gloo reduces through a working copy of a bucket (HCCL and NCCL on the card)
+            reducing = min(element * trained, DDP_BUCKET_BYTES)
+            communication += reducing
+    elif world > 1 and setting.strategy == "fast_ddp":
+        communication = (2 if card.kind == "hpu" else FP32) * trained  # the fused buffer: bf16 on a Gaudi, else fp32
+    elif setting.strategy == "fsdp":
+        low = FP32 if workload.precision == "fp32" and loaded_bytes(workload) == FP32 else 2
+        layer = shape.layer_parameters()
+        layer_trained = layer if adapters is None else adapter_layer_parameters(shape, adapters)
+        unsharded = shape.embedding_parameters() + shape.head_parameters()  # the root unit, kept gathered
+        # two layers gathered (one prefetched) in the compute dtype, one layer's unsharded gradient
+        communication = unsharded * low + 2 * layer * low + element * layer_trained
+    return communication, reducing
+
+
+def _reserve_bytes(card: Card, assumptions: Assumptions) -> float:
+    """The runtime's own memory on ``card``: the given reserve, else the assumed one for its kind."""
+    if assumptions.reserve_gb is not None:
+        return assumptions.reserve_gb.value * GB
+    if card.kind == "hpu":
+        return assumptions.reserve_fraction_hpu.value * card.memory_gb * GB
+    if card.kind == "cuda":
+        return assumptions.reserve_gb_cuda.value * GB
+    return assumptions.reserve_gb_cpu.value * GB
+
+
+def _workspace_bytes(card: Card, assumptions: Assumptions, activations: float, logits: float) -> float:
+    """On a CPU, what a training process holds beyond its tensors; on a card it is part of the reserve."""
+    if card.kind != "cpu":
+        return 0.0
+    # glibc keeps a share of the blocks the backward frees: it grows with what it frees
+    kept = assumptions.workspace_share_cpu.value * (activations + logits)
+    return assumptions.workspace_gb_cpu.value * GB + kept
+
+
 def breakdown(
     shape: ModelShape, workload: Workload, setting: Setting, card: Card, assumptions: Assumptions | None = None
 ) -> Breakdown:
@@ -265,10 +311,8 @@ def breakdown(
         raise UserError("the planner does not count --fp8 with LoRA adapters (fp8 copies of frozen weights).")
     n = shape.parameters()
     trained = trained_parameters(shape, workload)  # n, or the adapters' alone beside n frozen weights
-    world = workload.world
-    dp_shards = world if setting.strategy == "fsdp" else 1
+    dp_shards = workload.world if setting.strategy == "fsdp" else 1
     loaded, element = loaded_bytes(workload), trained_bytes(workload)  # a weight as loaded; a trained one
-    low = FP32 if workload.precision == "fp32" and loaded == FP32 else 2
 
     weights = (loaded * n + (0 if adapters is None else FP32 * trained)) / dp_shards
     if setting.fp8:  # fp8 copies of the linear weights (and their transposes) beside the master ones
@@ -281,38 +325,12 @@ def breakdown(
     head_gradient = element * shape.vocab * shape.hidden / dp_shards if head_trained else 0.0
 
     bucket_views = card.kind == "hpu" and setting.strategy == "ddp"  # devices/hpu.py: gradient_as_bucket_view
-    communication = 0.0
-    reducing = 0.0  # held only while gradients are reduced: by then the loss's tensors and most activations are freed
-    if world > 1 and setting.strategy == "ddp" and not bucket_views:
-        communication = element * trained  # DDP's buckets (the gradients' dtype), beside the gradients
-        if card.kind == "cpu":  # gloo reduces through a working copy of a bucket (HCCL and NCCL on the card)
-            reducing = min(element * trained, DDP_BUCKET_BYTES)
-            communication += reducing
-    elif world > 1 and setting.strategy == "fast_ddp":
-        communication = (2 if card.kind == "hpu" else FP32) * trained  # the fused buffer: bf16 on a Gaudi, else fp32
-    elif setting.strategy == "fsdp":
-        layer = shape.layer_parameters()
-        layer_trained = layer if adapters is None else adapter_layer_parameters(shape, adapters)
-        unsharded = shape.embedding_parameters() + shape.head_parameters()  # the root unit, kept gathered
-        # two layers gathered (one prefetched) in the compute dtype, one layer's unsharded gradient
-        communication = unsharded * low + 2 * layer * low + element * layer_trained
-
+    communication, reducing = _communication_bytes(shape, workload, setting, card, trained, bucket_views)
     if card.kind == "hpu" and workload.hpu_graphs:
         activations *= 1 + assumptions.hpu_graph_fraction.value
+    reserve = _reserve_bytes(card, assumptions)
+    workspace = _workspace_bytes(card, assumptions, activations, logits)
 
-    if assumptions.reserve_gb is not None:
-        reserve = assumptions.reserve_gb.value * GB
-    elif card.kind == "hpu":
-        reserve = assumptions.reserve_fraction_hpu.value * card.memory_gb * GB
-    elif card.kind == "cuda":
-        reserve = assumptions.reserve_gb_cuda.value * GB
-    else:
-        reserve = assumptions.reserve_gb_cpu.value * GB
-
-    workspace = 0.0
-    if card.kind == "cpu":  # glibc keeps a share of the blocks the backward frees: it grows with what it frees
-        kept = assumptions.workspace_share_cpu.value * (activations + logits)
-        workspace = assumptions.workspace_gb_cpu.value * GB + kept
     states = weights + optimizer + communication - reducing + workspace + reserve
     together = setting.accumulation > 1 or bucket_views
     if together:

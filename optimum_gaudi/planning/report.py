@@ -32,7 +32,8 @@ def _gb(value: float) -> str:
     return f"{value / GB:.1f}"
 
 
-def format_plan(plan: Plan, rows: int = 12, model_arg: str = "MODEL") -> str:
+def _heading(plan: Plan) -> list[str]:
+    """The model, the cards and the workload the plan is for, and what it trains."""
     m, w, card = plan.model, plan.workload, plan.card
     lines = [
         f"model: {m.name} ({m.family}, {m.parameters() / 1e9:.2f}B parameters, {m.layers} layers, hidden {m.hidden}, "
@@ -48,7 +49,11 @@ def format_plan(plan: Plan, rows: int = 12, model_arg: str = "MODEL") -> str:
         )
     elif w.weight_bytes == 2:
         lines.append("trained: every weight, in bf16 as loaded (its gradients and AdamW's moments too)")
-    lines.append("")
+    return lines
+
+
+def _table(plan: Plan, rows: int) -> list[str]:
+    """One aligned line per representative setting: its memory parts, whether it fits, its speed."""
     header = ["setting (micro x accum)", "weights", "grads", "optim", "activ", "logits", "comm", "work", "reserve", "peak GB",
               "fits", "tokens/s"]  # fmt: skip
     table = [header]
@@ -57,24 +62,32 @@ def format_plan(plan: Plan, rows: int = 12, model_arg: str = "MODEL") -> str:
         table.append([c.setting.label(), *(_gb(v) for v in c.memory.parts().values()), _gb(c.memory.peak),
                       "yes" if c.fits else "no", speed])  # fmt: skip
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        lines.append(
-            "  ".join(cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
-        )
-    lines.append("")
+    return [
+        "  ".join(cell.ljust(widths[0]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
+        for row in table
+    ]
+
+
+def _recommendation(plan: Plan, model_arg: str) -> list[str]:
+    """The recommended setting and its command, or what to change when nothing fits."""
     best = plan.recommended
     if best is None:
         smallest = min(plan.candidates, key=lambda c: c.memory.peak)
-        lines.append(
+        return [
             f"nothing fits: the smallest, {smallest.setting.label()}, needs {_gb(smallest.memory.peak)} GB a card of "
-            f"{card.memory_gb:.0f} GB; add cards or nodes, or shorten the sequence."
-        )
-    else:
-        speed = "" if best.tokens_per_second is None else f", about {best.tokens_per_second:,.0f} tokens/s"
-        lines.append(f"recommended: {best.setting.label()} ({_gb(best.memory.peak)} GB a card{speed}):")
-        lines.append("  " + plan.command(model_arg))
-    a = plan.assumptions
-    lines += ["", "assumptions (override with the flags named):"]
+            f"{plan.card.memory_gb:.0f} GB; add cards or nodes, or shorten the sequence."
+        ]
+    speed = "" if best.tokens_per_second is None else f", about {best.tokens_per_second:,.0f} tokens/s"
+    return [
+        f"recommended: {best.setting.label()} ({_gb(best.memory.peak)} GB a card{speed}):",
+        "  " + plan.command(model_arg),
+    ]
+
+
+def _assumptions(plan: Plan) -> list[str]:
+    """The assumptions this card's figures rest on, each with its source and the flag that overrides it."""
+    a, card = plan.assumptions, plan.card
+    lines = ["assumptions (override with the flags named):"]
     reserve = {"hpu": (f"{a.reserve_fraction_hpu.value:.0%} of the card", a.reserve_fraction_hpu),
                "cuda": (f"{a.reserve_gb_cuda.value:g} GB", a.reserve_gb_cuda),
                "cpu": (f"{a.reserve_gb_cpu.value:g} GB", a.reserve_gb_cpu)}[card.kind]  # fmt: skip
@@ -94,4 +107,10 @@ def format_plan(plan: Plan, rows: int = 12, model_arg: str = "MODEL") -> str:
         lines.append(f"  peak {card.bf16_tflops:g} bf16 / {card.fp8_tflops or '-'} fp8 TFLOP/s: {card.source}")
     else:
         lines.append("  tokens/s: no peak known for this card (give --peak_tflops to estimate them)")
-    return "\n".join(lines)
+    return lines
+
+
+def format_plan(plan: Plan, rows: int = 12, model_arg: str = "MODEL") -> str:
+    """The whole plan as text: heading, table, recommendation and assumptions, a blank line between them."""
+    parts = [_heading(plan), _table(plan, rows), _recommendation(plan, model_arg), _assumptions(plan)]
+    return "\n\n".join("\n".join(part) for part in parts)
