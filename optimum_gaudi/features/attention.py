@@ -87,9 +87,7 @@ def argument_problem(args: Any) -> str | None:
 
 
 def prepare(args: Any) -> None:
-    """What must hold before a script builds its model: the name registered, torch's math-SDPA switch set."""
-    if args.attn_implementation == ATTENTION_NAME:
-        register()
+    """``--sdp_on_bf16``: torch's math SDPA may reduce in bf16 (process-wide, set where the run starts)."""
     if getattr(args, "sdp_on_bf16", False):
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)
 
@@ -150,3 +148,9 @@ def fused_sdpa_attention(
         causal = causal and q_len > 1 and q_len == kv_len
     output = binding.kernel(query, key, value, mask, dropout, causal, scaling, module)
     return output.transpose(1, 2).contiguous(), None
+
+
+# The name is known to transformers as soon as arguments can ask for it, before a script loads a model with it
+# (``from_pretrained(attn_implementation="gaudi_fused_sdpa")``): transformers' own registry, where its built-in
+# names live; a model that does not ask for the name is unchanged.
+register()

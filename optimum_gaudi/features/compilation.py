@@ -103,6 +103,10 @@ def check_compile_flags(args: Any) -> None:
     if given and not (args.torch_compile or args.torch_compile_backend or args.torch_compile_mode):
         logger.warning("%s only act with --torch_compile; they are ignored.", ", ".join(given))
         return
+    if getattr(args, "use_compiled_autograd", False) and args.torch_compile:
+        # Turning torch._dynamo.config.compiled_autograd on process-wide left later torch.compile calls in the
+        # process failing ("compiled_autograd does not exist") with torch 2.13: not applied until that is solved.
+        logger.warning("--use_compiled_autograd is not applied by this release: the backward runs uncompiled.")
     compiling_steps = 2 if args.compile_from_sec_iteration else 1
     if args.torch_compile and args.throughput_warmup_steps < compiling_steps:
         logger.warning(
@@ -134,9 +138,9 @@ _DYNAMO_CONFIG_FLAGS = ("inline_inbuilt_nn_modules", "allow_unspec_int_on_nn_mod
 
 
 def apply_dynamo_options(args: Any) -> None:
-    """The process-wide dynamo settings the arguments ask for, as optimum-habana sets them with the arguments:
-    ``--inline_inbuilt_nn_modules`` / ``--allow_unspec_int_on_nn_module`` when given (unset keeps torch's
-    value), ``--use_compiled_autograd`` (with ``--torch_compile``) is said not to apply."""
+    """The process-wide dynamo settings the arguments ask for (optimum-habana sets them with the arguments, this
+    package where the run starts): ``--inline_inbuilt_nn_modules`` / ``--allow_unspec_int_on_nn_module`` when given
+    (unset keeps torch's value)."""
     config = torch._dynamo.config
     for name in _DYNAMO_CONFIG_FLAGS:
         value = getattr(args, name, None)
@@ -162,10 +166,6 @@ def apply_dynamo_options(args: Any) -> None:
                 torch.__version__,
                 name,
             )
-    if getattr(args, "use_compiled_autograd", False) and args.torch_compile:
-        # Turning torch._dynamo.config.compiled_autograd on process-wide left later torch.compile calls in the
-        # process failing ("compiled_autograd does not exist") with torch 2.13: not applied until that is solved.
-        logger.warning("--use_compiled_autograd is not applied by this release: the backward runs uncompiled.")
 
 
 def _not_exporting() -> bool:

@@ -103,6 +103,7 @@ class GaudiTrainerMixin(TrainerShims):
         self.gaudi_config: GaudiConfig = gaudi_config_of(gaudi_config, args)
         check_internals(args, self.gaudi_config)  # other libraries' internals the features use (internals.py)
         self.gaudi_device = args.gaudi_device
+        args.prepare_process()  # the run's process-wide settings, where it starts (not with the arguments)
         self._lazy_mark_step = self.gaudi_device.mark_step if args.use_lazy_mode else None
         self._pipelining_mark_step = self._lazy_mark_step if args.pipelining_fwd_bwd else None
         self._clipping = DeviceClipping(self.gaudi_device)  # use_fused_clip_norm's

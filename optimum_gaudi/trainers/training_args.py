@@ -380,15 +380,17 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
             self.torch_compile_backend = self.gaudi_device.compile_backend
 
     def prepare_process(self) -> None:
-        """This run's process-wide settings, each safe to apply again: dynamo's options; the gaudi_fused_sdpa name
-        registered and torch's math-SDPA switch (before a script loads its model); TensorBoard's variable for
-        transformers 4's --logging_dir; on several processes the device's collective backend and torch's flight
-        recorder (before the default process group starts). Called by ``_setup_devices``, the device setup that
-        transformers' own ``__post_init__`` asks for and the trainer reads: arguments built alone still apply
-        them, and only once their checks have passed."""
+        """This run's process-wide settings, each safe to apply again: dynamo's options, torch's math-SDPA switch,
+        TensorBoard's variable for transformers 4's --logging_dir. Applied where the run starts, by the trainer's
+        constructor before the parent Trainer's (whose callbacks read the variable): building the arguments
+        changes nothing outside them."""
         apply_dynamo_options(self)
         attention.prepare(self)
         os.environ.update(removed_environment(self))
+
+    def _prepare_collectives(self) -> None:
+        """On several processes, the device's collective backend and torch's flight recorder: needed before the
+        default process group starts, which transformers' device setup makes."""
         if self.parallel_layout.world_size > 1:
             self.gaudi_device.register_ddp_backend()
             if self.hang_timeout != 0:
@@ -397,9 +399,9 @@ class GaudiTrainingArgumentsMixin(RemovedTrainingArguments, UseCacheOffTheComman
 
     @functools.cached_property
     def _setup_devices(self) -> torch.device:
-        """transformers' device setup (which makes the default process group) after this run's process-wide
-        settings, then --ddp_timeout given to that group where transformers left it out (on the CPU)."""
-        self.prepare_process()
+        """transformers' device setup (which makes the default process group) after the collectives' backend is
+        registered, then --ddp_timeout given to that group where transformers left it out (on the CPU)."""
+        self._prepare_collectives()
         device = super()._setup_devices
         honour_timeout(self.ddp_timeout)
         return device

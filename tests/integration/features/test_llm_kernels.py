@@ -88,7 +88,7 @@ def test_attention_flags_without_their_implementation_are_one_line(tmp_path, fla
 def test_sdp_on_bf16_sets_torchs_math_sdpa_switch(tmp_path):
     before = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
     try:
-        args(tmp_path, sdp_on_bf16=True)
+        args(tmp_path, sdp_on_bf16=True).prepare_process()  # where the run starts: the trainer's constructor
         assert torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
     finally:
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(before)

@@ -72,7 +72,7 @@ def test_dynamo_config_flags_set_torch_dynamo_config_when_given(tmp_path, caplog
     config = torch._dynamo.config
     if not hasattr(config, name):  # torch 2.6 (Gaudi 1.20, 1.21) has no allow_unspec_int_on_nn_module
         with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
-            parse(tmp_path, f"--{name}", "True")
+            parse(tmp_path, f"--{name}", "True").prepare_process()  # where the run starts: the trainer's constructor
         assert [r.message for r in caplog.records if "does nothing" in r.message and name in r.message]
         return
     with warnings.catch_warnings():
@@ -81,12 +81,12 @@ def test_dynamo_config_flags_set_torch_dynamo_config_when_given(tmp_path, caplog
     # torch's own patch() restores the value afterwards: monkeypatching the config module leaves the name
     # "does not exist" for every later torch.compile in the process
     with config.patch({name: before}):
-        parse(tmp_path)  # unset: torch's own value is kept
+        parse(tmp_path).prepare_process()  # unset: torch's own value is kept
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             assert getattr(config, name) == before
         with caplog.at_level(logging.WARNING, logger="optimum_gaudi"):
-            parse(tmp_path, f"--{name}", str(not before))
+            parse(tmp_path, f"--{name}", str(not before)).prepare_process()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             now = getattr(config, name)
@@ -238,7 +238,7 @@ def test_a_removed_argument_becomes_its_transformers_5_equivalent_with_one_line(
 
 def test_logging_dir_becomes_the_tensorboard_variable(tmp_path, monkeypatch):
     monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
-    parse(tmp_path, "--logging_dir", str(tmp_path / "tb"))
+    parse(tmp_path, "--logging_dir", str(tmp_path / "tb")).prepare_process()  # where the run starts
     import os
 
     assert os.environ["TENSORBOARD_LOGGING_DIR"] == str(tmp_path / "tb")

@@ -1,16 +1,19 @@
 """configuration_problems (trainers/configuration_problems.py): every concern checks itself, one function asks them
 in one documented order, and the arguments raise the first; the world size is read once; what the arguments change
-process-wide waits for their checks and happens where the process's device is set up (prepare_process)."""
+process-wide waits for their checks and happens where the run starts, the trainer's constructor (prepare_process)."""
 
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
+from tiny import tiny_decoder_only
 
-from optimum_gaudi import GaudiArgumentError, GaudiConfigError, GaudiTrainingArguments
+from optimum_gaudi import GaudiArgumentError, GaudiConfigError, GaudiTrainer, GaudiTrainingArguments
 from optimum_gaudi.devices import CPUDevice
+from optimum_gaudi.trainers import removed_args
 from optimum_gaudi.trainers.configuration_problems import configuration_problems
 
 
@@ -96,20 +99,45 @@ def test_the_world_size_is_read_once_with_mpiruns_own_variable(tmp_path, monkeyp
 
 def test_nothing_process_wide_changes_until_the_checks_pass(tmp_path):
     """A configuration refused late (its Gaudi config is missing) leaves torch's math-SDPA switch as it was: it is
-    prepare_process's to set, once transformers sets the process's device up."""
+    prepare_process's to set, where the run starts (the trainer's constructor), never the arguments'."""
     before = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
     try:
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(False)
         with pytest.raises(GaudiConfigError):
             make(tmp_path, sdp_on_bf16=True, gaudi_config_name=str(tmp_path / "missing.json"))
         assert not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
-        args = make(tmp_path, sdp_on_bf16=True)  # built: its device set up, its settings applied
-        assert torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
-        torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(False)
+        args = make(tmp_path, sdp_on_bf16=True)  # built: its device set up, nothing else of the process changed
+        assert not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
         args.prepare_process()  # where they are applied, again if need be
         assert torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
     finally:
         torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(before)
+
+
+def test_building_the_arguments_changes_nothing_of_the_process_and_the_trainer_applies_the_runs_settings(
+    tmp_path, monkeypatch
+):
+    """Issue 47: ``__post_init__`` parses and checks. Dynamo's options, torch's math-SDPA switch and TensorBoard's
+    variable change when a trainer is built (before the parent Trainer's callbacks read the variable); only the
+    collectives' backend is set up with the device, before the default process group that needs it."""
+    config, name = torch._dynamo.config, "allow_unspec_int_on_nn_module"
+    dynamo = hasattr(config, name)  # torch 2.7+
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    sdp = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    flags = {"sdp_on_bf16": True, "logging_dir": str(tmp_path / "tb"), **({name: True} if dynamo else {})}
+    with config.patch({name: False} if dynamo else {}):
+        try:
+            torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(False)
+            args = make(tmp_path, **flags)
+            assert not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+            assert not (dynamo and getattr(config, name)) and "TENSORBOARD_LOGGING_DIR" not in os.environ
+            GaudiTrainer(model=tiny_decoder_only(), args=args)
+            assert torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+            assert not dynamo or getattr(config, name) is True
+            if "logging_dir" in removed_args._MISSING:  # transformers 5 reads --logging_dir from the variable
+                assert os.environ["TENSORBOARD_LOGGING_DIR"] == str(tmp_path / "tb")
+        finally:
+            torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(sdp)
 
 
 def test_ignored_flags_are_said_once_and_only_for_a_run_that_can_start(tmp_path, caplog):
