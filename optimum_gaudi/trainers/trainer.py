@@ -125,7 +125,7 @@ class GaudiTrainerMixin(TrainerShims):
 
         super().__init__(*trainer_args, **trainer_kwargs)
 
-        self._step = TrainingStep(self, self._compilation_log)  # the step's Gaudi parts (trainers/step.py)
+        self._gaudi_step = TrainingStep(self, self._compilation_log)  # the step's Gaudi parts (trainers/step.py)
         self.callback_handler = InternalCallbackHandler.adopt(self.callback_handler, [_LoopHooks(self)])
         profiler = GaudiProfilerCallback.from_training_args(args)
         if profiler is not None:
@@ -219,7 +219,7 @@ class GaudiTrainerMixin(TrainerShims):
         return stack
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
-        return self._step.run(model, inputs, num_items_in_batch, super().training_step)
+        return self._gaudi_step.run(model, inputs, num_items_in_batch, super().training_step)
 
     def compute_loss(
         self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None
@@ -233,7 +233,7 @@ class GaudiTrainerMixin(TrainerShims):
             fused = self._preparation.fused_loss_of(self.accelerator.unwrap_model(model, keep_torch_compile=False))
             with fused.step() if fused is not None else contextlib.nullcontext():
                 found = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        divisor = self._step.gradient_divisor
+        divisor = self._gaudi_step.gradient_divisor
         if divisor == 1 or not model.training:
             return found
         # FSDP2 summed the gradients for a device without AVG on a torch without its switch (distributed/fsdp.py)
