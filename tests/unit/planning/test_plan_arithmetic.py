@@ -57,26 +57,35 @@ def test_the_parameter_count_is_the_models_own(config):
     assert load_model_shape(config).parameters() == sum(p.numel() for p in model.parameters())
 
 
-def _saved_bytes(model, layer, batch: int, sequence: int) -> int:
-    """Bytes of the distinct tensors (parameters left out) autograd saves for one layer's backward, float32."""
+def _saved_by_one_layer(
+    model, layer, batch: int, sequence: int, dtype=torch.float32, autocast: bool = False, heads: int | None = None
+) -> tuple[int, int]:
+    """Bytes of the distinct tensors (parameters left out) autograd saves for one layer's backward: (activations,
+    weight casts: 2-D bf16 tensors whose first dimension is not the tokens'). With ``heads``, the per-token
+    statistics, SDPA's log-sum-exp and the rotary tables (per position), which the formula leaves out, are set
+    aside. ``model`` is the transformers model (a Llama's rotary tables come from it)."""
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
+    activations: dict[int, int] = {}
+    casts: dict[int, int] = {}
 
     def pack(t):
         storage = t.untyped_storage()
-        if storage.data_ptr() not in parameters:
-            saved[storage.data_ptr()] = storage.nbytes()
+        statistics = heads is not None and (t.numel() <= batch * sequence * heads or (t.dim() == 4 and t.shape[0] == 1))
+        if storage.data_ptr() not in parameters and not statistics:
+            weight_cast = t.dim() == 2 and t.dtype == torch.bfloat16 and t.shape[0] != batch * sequence
+            (casts if weight_cast else activations)[storage.data_ptr()] = storage.nbytes()
         return t
 
-    hidden = torch.randn(batch, sequence, model.config.hidden_size, requires_grad=True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    hidden = torch.randn(batch, sequence, model.config.hidden_size, dtype=dtype, requires_grad=True)
+    in_autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), in_autocast:
         if hasattr(model, "model"):  # Llama: the rotary tables come from the model
             positions = torch.arange(sequence)[None]
             rotary = model.model.rotary_emb(hidden, positions)
             layer(hidden, position_embeddings=rotary, attention_mask=None, position_ids=positions)
         else:
             layer(hidden)
-    return sum(saved.values())
+    return sum(activations.values()), sum(casts.values())
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
@@ -95,7 +104,7 @@ def test_a_layers_activations_are_what_autograd_saves(family):
     model.set_attn_implementation("sdpa")
     model.train()
     batch, sequence = 2, 32
-    measured = _saved_bytes(model, layer, batch, sequence)
+    measured = sum(_saved_by_one_layer(model, layer, batch, sequence))
     predicted = layer_activation_bytes(load_model_shape(config), Workload(precision="fp32"), Setting())
     if family == "llama" and tuple(map(int, torch.__version__.split(".")[:2])) < (2, 8):
         # torch 2.6 and 2.7 run grouped-query SDPA on the CPU through its math path, which keeps the attention
@@ -314,34 +323,14 @@ def test_a_lora_layers_activations_are_what_autograd_saves(family, dropout, froz
     inner = model.base_model.model
     layer = inner.model.layers[0] if family == "llama" else inner.transformer.h[0]
     batch, sequence = 2, 24  # 48 tokens: no 2-D activation has a weight's first dimension
-    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    activations, casts = {}, {}
-
     heads = config.num_attention_heads if family == "llama" else config.n_head
-
-    def pack(t):
-        storage = t.untyped_storage()
-        statistics = t.numel() <= batch * sequence * heads or (t.dim() == 4 and t.shape[0] == 1)
-        if storage.data_ptr() not in parameters and not statistics:
-            weight_cast = t.dim() == 2 and t.dtype == torch.bfloat16 and t.shape[0] != batch * sequence
-            (casts if weight_cast else activations)[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    hidden = torch.randn(batch, sequence, 64, dtype=frozen, requires_grad=True)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-        if family == "llama":
-            positions = torch.arange(sequence)[None]
-            rotary = inner.model.rotary_emb(hidden, positions)
-            layer(hidden, position_embeddings=rotary, attention_mask=None, position_ids=positions)
-        else:
-            layer(hidden)
+    activations, casts = _saved_by_one_layer(inner, layer, batch, sequence, frozen, precision == "bf16", heads)
     shape = load_model_shape(config)
     workload = Workload(precision=precision, adapters=adapters)
     predicted = layer_activation_bytes(shape, workload, Setting())
-    assert predicted * batch * sequence == sum(activations.values())
+    assert predicted * batch * sequence == activations
     one_layer_casts = weight_cast_bytes(shape, workload, Setting(fused_loss=True))  # the output layer's left out
-    assert one_layer_casts == sum(casts.values())
+    assert one_layer_casts == casts
 
 
 def test_lora_trains_the_adapters_and_keeps_the_frozen_weights_as_loaded():
@@ -387,30 +376,11 @@ def test_a_bf16_weighted_layers_activations_are_what_autograd_saves(family, prec
     model.to(torch.bfloat16).set_attn_implementation("sdpa")
     model.train()
     batch, sequence = 2, 24  # 48 tokens: no 2-D activation has a weight's first dimension
-    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    activations, casts = {}, {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        statistics = t.numel() <= batch * sequence * heads or (t.dim() == 4 and t.shape[0] == 1)
-        if storage.data_ptr() not in parameters and not statistics:
-            weight_cast = t.dim() == 2 and t.shape[0] != batch * sequence
-            (casts if weight_cast else activations)[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    hidden = torch.randn(batch, sequence, 64, dtype=torch.bfloat16, requires_grad=True)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-        if family == "llama":
-            positions = torch.arange(sequence)[None]
-            rotary = model.model.rotary_emb(hidden, positions)
-            layer(hidden, position_embeddings=rotary, attention_mask=None, position_ids=positions)
-        else:
-            layer(hidden)
+    activations, casts = _saved_by_one_layer(model, layer, batch, sequence, torch.bfloat16, precision == "bf16", heads)
     shape = load_model_shape(config)
     workload = Workload(precision=precision, weight_bytes=2)
-    assert layer_activation_bytes(shape, workload, Setting()) * batch * sequence == sum(activations.values())
-    assert weight_cast_bytes(shape, workload, Setting()) == 0 == sum(casts.values())
+    assert layer_activation_bytes(shape, workload, Setting()) * batch * sequence == activations
+    assert weight_cast_bytes(shape, workload, Setting()) == 0 == casts
 
 
 def test_bf16_weights_train_with_bf16_gradients_and_adamw_moments():
