@@ -20,19 +20,6 @@ from optimum_gaudi.supervision import collective_count
 C10D = torch._C._distributed_c10d
 
 
-@pytest.fixture
-def one_process_group(tmp_path, monkeypatch):
-    """A gloo group of one process, read as a backend without a count (as HCCL)."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    monkeypatch.setattr(collective_count, "backend_counts", lambda group=None: False)
-    try:
-        yield
-    finally:
-        while collective_count.active() is not None:  # every share a test left
-            collective_count.stop()
-        dist.destroy_process_group()
-
-
 def test_a_backend_with_sequence_numbers_and_a_flight_record_is_not_counted_again(tmp_path, monkeypatch):
     """On gloo torch numbers the collectives and, from torch 2.8 with its flight recorder on (the training
     arguments turn it on), the recorder names them: nothing is replaced. On torch 2.6 and 2.7, whose recorder holds
@@ -96,7 +83,7 @@ def test_on_nccl_its_own_recorder_names_the_collectives_once_the_arguments_turn_
     assert gloo is (C10D._dump_fr_trace_json if collective_count.generic_flight_recorder() else None)
 
 
-def test_collectives_are_counted_per_group_with_their_call_site_and_an_object_collective_once(one_process_group):
+def test_collectives_are_counted_per_group_with_their_call_site_and_an_object_collective_once(group_without_a_count):
     original = dist.all_reduce
     count = collective_count.start()
     assert count is not None and dist.all_reduce is not original
@@ -150,7 +137,7 @@ def test_the_hook_is_exact_where_the_reducers_two_scalings_agree():
     assert not collective_count.ddp_hook_is_exact(True, 24)
 
 
-def test_a_compiled_function_calling_a_collective_compiles_into_the_same_graph_with_the_count_on(one_process_group):
+def test_a_compiled_function_calling_a_collective_compiles_into_the_same_graph_with_the_count_on(group_without_a_count):
     """Dynamo rewrites torch's collective into a functional one: the counting function steps aside while it
     traces, so the graph (one, no break) is the one without the count, and nothing inside it is counted."""
 
@@ -176,7 +163,7 @@ def hooked(model) -> bool:
 
 
 def test_a_second_trainer_shares_the_running_count_hooks_its_own_ddp_module_and_does_not_end_the_firsts(
-    one_process_group,
+    group_without_a_count,
 ):
     """Two trainers in one process, the second's train() inside the first's (or transformers' loop begun again by
     --auto_find_batch_size): the second DDP module is hooked too, and its stop leaves the first's count running.

@@ -6,26 +6,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pytest
 import torch
 import torch.distributed as dist
 from transformers import TrainerControl, TrainerState
 
 from optimum_gaudi.supervision import collective_count
 from optimum_gaudi.supervision.watch import ProgressWatch
-
-
-@pytest.fixture
-def group_without_a_count(tmp_path, monkeypatch):
-    """A gloo group of one process whose backend reads as one that numbers no collectives (as HCCL)."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    monkeypatch.setattr(collective_count, "backend_counts", lambda group=None: False)
-    try:
-        yield
-    finally:
-        while collective_count.active() is not None:
-            collective_count.stop()
-        dist.destroy_process_group()
 
 
 def arguments(tmp_path) -> SimpleNamespace:
