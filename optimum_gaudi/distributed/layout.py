@@ -97,7 +97,8 @@ class ParallelLayout:
     fast_ddp: bool = False  # one fused gradient all-reduce instead of DDP (several processes only)
     deepspeed: bool = False  # DeepSpeed's engine holds the model and reduces its gradients (--deepspeed)
     ddp_timeout: float | None = None  # how long a collective of a group made here may wait (--ddp_timeout)
-    _groups: dict[str, tuple[Any, Any]] = field(default_factory=dict, compare=False, repr=False)
+    # not an argument: a layout made by dataclasses.replace starts with no groups, as a copy does (__getstate__)
+    _groups: dict[str, tuple[Any, Any]] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @classmethod
     def from_arguments(cls, args: Any, world_size: int) -> ParallelLayout:

@@ -37,10 +37,9 @@ class Throughput:
     since it compiles its graphs again.
     """
 
-    def __init__(self, warmup_steps: int, adjust: bool = False) -> None:
+    def __init__(self, warmup_steps: int) -> None:
         self.warmup_steps = warmup_steps
-        self.adjust = adjust  # --adjust_throughput: what :meth:`left_out` wraps during training is not clocked
-        self._leaving_out = False
+        self._leaving_out = False  # inside left_out(True): an inner block is already timed
         self.samples = self.tokens = 0  # real rows and input tokens seen by this process since the clock started
         self._carried: dict[str, float] = {}
         self._begin: tuple[float, int, int] = (0.0, 0, 0)  # time, samples, tokens of this train() call, unclocked
@@ -75,10 +74,10 @@ class Throughput:
             self._excluded += seconds
 
     @contextlib.contextmanager
-    def left_out(self, in_train: bool) -> Iterator[None]:
-        """With ``adjust``, the time spent inside during training is left out of the throughput (once, where
-        such blocks nest: an evaluation inside a log)."""
-        if not (self.adjust and in_train) or self._leaving_out:
+    def left_out(self, active: bool) -> Iterator[None]:
+        """Where ``active`` (``--adjust_throughput`` during training), the time spent inside is left out of the
+        throughput (once, where such blocks nest: an evaluation inside a log)."""
+        if not active or self._leaving_out:
             yield
             return
         self._leaving_out, start = True, time.perf_counter()

@@ -109,7 +109,7 @@ class Checkpointing:
         if self._weights_not_finite(model):
             return
         with (
-            trainer._throughput.left_out(trainer.is_in_train),
+            trainer._throughput.left_out(args.adjust_throughput and trainer.is_in_train),
             trainer._supervision.paused("a save"),
             staged_checkpoint(run_dir, state, args, trainer.accelerator.wait_for_everyone, self.writes) as staging,
         ):

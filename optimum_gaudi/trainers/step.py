@@ -17,7 +17,6 @@ from torch import nn
 from transformers.trainer_pt_utils import find_batch_size
 
 from ..distributed.fsdp import reduce_with_sum
-from ..features.compilation import CompilationLog
 from ..features.static_batches import StaticRows
 from ..features.unused_parameters import unused_parameters
 
@@ -38,10 +37,9 @@ def static_rows_of(trainer: Any) -> StaticRows | None:
 class TrainingStep:
     """One per trainer, built once the parent Trainer is (it reads the label names)."""
 
-    def __init__(self, trainer: Any, compilation_log: CompilationLog) -> None:
+    def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.static_rows = static_rows_of(trainer)
-        self.compilation_log = compilation_log
         self.unused: list[nn.Parameter] | None = None  # under training graphs that zero them: found at step 1
         self.summing: nn.Module | None = None  # the FSDP2 model last told to reduce with SUM (a device without AVG)
         self.gradient_divisor = 1  # what the loss's gradient is divided by where FSDP2 sums for AVG (torch < 2.8)
@@ -138,5 +136,5 @@ class TrainingStep:
             self.eager_step = step
         stack = contextlib.ExitStack()
         stack.enter_context(self.trainer._compile.step_context(step == self.eager_step))
-        stack.enter_context(self.compilation_log.watch(inputs, step))
+        stack.enter_context(self.trainer._compilation_log.watch(inputs, step))
         return stack

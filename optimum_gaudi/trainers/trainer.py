@@ -121,11 +121,11 @@ class GaudiTrainerMixin(TrainerShims):
         self._supervision = RunSupervision()  # during train(): preemption, non-finite steps, stalls, stragglers
         self._checkpointing = Checkpointing(self, self._precision, self._layout)
         self._preparation = ModelPreparation(self, super()._wrap_model)  # the model's stages, in order
-        self._throughput = Throughput(args.throughput_warmup_steps, adjust=args.adjust_throughput)
+        self._throughput = Throughput(args.throughput_warmup_steps)
 
         super().__init__(*trainer_args, **trainer_kwargs)
 
-        self._gaudi_step = TrainingStep(self, self._compilation_log)  # the step's Gaudi parts (trainers/step.py)
+        self._gaudi_step = TrainingStep(self)  # the step's Gaudi parts (trainers/step.py)
         self.callback_handler = InternalCallbackHandler.adopt(self.callback_handler, [_LoopHooks(self)])
         profiler = GaudiProfilerCallback.from_training_args(args)
         if profiler is not None:
@@ -243,7 +243,11 @@ class GaudiTrainerMixin(TrainerShims):
 
     def evaluation_loop(self, *args: Any, **kwargs: Any):
         self._throughput.eval_begin()
-        with self._loop_context(), self._throughput.left_out(self.is_in_train), contextlib.ExitStack() as stack:
+        with (
+            self._loop_context(),
+            self._throughput.left_out(self.args.adjust_throughput and self.is_in_train),
+            contextlib.ExitStack() as stack,
+        ):
             if self._eval_profiler is not None:
                 prefix = kwargs.get("metric_key_prefix", args[4] if len(args) > 4 else "eval")
                 stack.enter_context(self._eval_profiler.loop(prefix))  # the trace is named like the metrics
@@ -352,7 +356,7 @@ class GaudiTrainerMixin(TrainerShims):
                 logs.update(self.gaudi_device.memory_stats())
             logs.update(self._supervision.log_keys(self.is_world_process_zero()))  # a gather where several ranks
             self._checkpointing.totals_snapshot(self.control, logged=True)
-        with self._throughput.left_out(self.is_in_train):
+        with self._throughput.left_out(self.args.adjust_throughput and self.is_in_train):
             super().log(logs, start_time)
 
 
